@@ -1,0 +1,161 @@
+"""Frozen-dataclass configs loaded from YAML, with `key=value` overrides and validation.
+
+Every user-facing mistake (missing file, unknown key, wrong type, invalid value) raises
+`ConfigError` with one message that names the problem and the fix. The CLIs turn it into
+exit code 2 before anything compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration error: the message says what is wrong and how to fix it."""
+
+
+def closest(name: str, choices: Sequence[str]) -> str:
+    """A ' Did you mean ...?' hint for a misspelt name, or '' when nothing is close."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" Did you mean '{match[0]}'?" if match else ""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with clear errors for a missing file or a non-mapping document."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}. Pass an existing YAML file with --config.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of key: value, not {type(data).__name__}.")
+    return data
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Parse `key=value` strings; values are read as YAML scalars (so `lr=3e-4`, `anneal_lr=false`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (for example num_envs=64).")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"override '{item}' has an empty key.")
+        try:
+            out[key] = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check and convert one value against a field's type annotation."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(name, value, arg)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if errors else f"'{name}' cannot be None.")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"'{name}' must be one of {list(args)}, got {value!r}.")
+        return value
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"'{name}' must be a list, got {value!r}.")
+        inner = args[0] if args else Any
+        return tuple(_coerce(name, v, inner) for v in value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"'{name}' must be true or false, got {value!r}.")
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise ConfigError(f"'{name}' must be an integer, got {value!r}.")
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"'{name}' must be a number, got {value!r}.")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"'{name}' must be a string, got {value!r}.")
+        return value
+    return value
+
+
+def build_dataclass(cls: type[T], values: Mapping[str, Any], *, source: str = "config") -> T:
+    """Build a frozen dataclass from a mapping, rejecting unknown keys (with a suggestion) and
+    checking types; then run the class's own `validate()` if it has one."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(
+                f"unknown config key '{key}' in {source}.{closest(key, list(fields))} "
+                f"Known keys: {', '.join(sorted(fields))}."
+            )
+        kwargs[key] = _coerce(key, value, hints[key])
+    try:
+        obj = cls(**kwargs)
+    except TypeError as err:  # a required field without a default
+        raise ConfigError(f"{source}: {err}") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def load_config(
+    cls: type[T], path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()
+) -> T:
+    """Load `cls` from an optional YAML file, then apply `key=value` overrides, then validate."""
+    values: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        values.update(read_yaml(path))
+        source = str(path)
+    extra = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    values.update(extra)
+    return build_dataclass(cls, values, source=source)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A plain dict of a config dataclass, with tuples turned into lists for YAML."""
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def save_config(config: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML, atomically."""
+    from jaxrl_hier.io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
