@@ -1,0 +1,442 @@
+"""Proximal policy optimisation with the whole training loop compiled: rollout, GAE, update.
+
+Reads top to bottom like PureJaxRL's ``ppo.py``:
+
+    train = make_train(config)      # build env, network, optimiser; nothing compiled yet
+    runner = train.init(key)        # params, optimiser state, env states, RNG, counters
+    runner, metrics = train.update(runner, num_updates)   # one compiled chunk of updates
+    runner, metrics = train(key)    # or: the whole run as one program
+
+Layout. Every array in the runner state has a leading seed axis (``num_seeds`` independent runs
+vmapped in one program). Environment arrays then have a shard axis: the ``num_envs`` envs are
+split into ``env_shards`` vectorised groups, each with its own RNG stream and its own reset pool.
+The shard axis is what ``jax.shard_map`` splits over the devices of a 1-D ``data`` mesh; each
+device steps its groups, computes gradients on its share of every minibatch, and ``pmean``
+averages them. Because the groups (not the devices) define the random streams, a run on one
+device with ``env_shards=4`` computes the same numbers as a run on four devices.
+
+Minibatches are device-invariant too: for every env, the ``num_steps`` samples are permuted with
+a key folded from the env's *global* index, and minibatch k takes slice k of each env's
+permutation. So every minibatch holds ``num_steps / num_minibatches`` random steps of every env,
+and each device holds the same share of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_hier.algorithms.gae import gae
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.networks import make_network
+
+DATA_AXIS = "data"
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Everything a PPO run needs. Defaults are a small, fast CPU run on Craftax-Classic."""
+
+    env: str = "Craftax-Classic-Symbolic-v1"
+    total_timesteps: int = 1_000_000
+    num_envs: int = 256
+    num_steps: int = 16
+    update_epochs: int = 4
+    num_minibatches: int = 8
+    lr: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.8
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 1.0
+    network: str = "auto"  # "mlp", "cnn", or "auto" (cnn for image observations)
+    hidden_size: int = 512
+    num_layers: int = 3
+    activation: str = "tanh"
+    seed: int = 0
+    num_seeds: int = 1
+    reset_mode: str = "pool"  # see jaxrl_hier.envs.make_vec_env
+    reset_ratio: int = 16
+    num_devices: int = 0  # 0: every local device
+    env_shards: int = 0  # 0: one env group per device
+    checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
+    keep_checkpoints: int = 3
+    log_every: int = 1  # updates per compiled chunk and per metrics.jsonl record
+    eval_gif: bool = True  # Craftax only: a GIF of one evaluation episode at the end
+    eval_max_steps: int = 400
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "jaxrl_hier"
+
+    def validate(self) -> None:
+        """Check sizes and divisibility; device counts are checked in `resolve_devices`."""
+        positive = ["total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
+                    "num_seeds", "reset_ratio", "log_every", "keep_checkpoints", "hidden_size",
+                    "num_layers", "eval_max_steps"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
+        for name in ["num_devices", "env_shards", "checkpoint_every"]:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
+        if not 0.0 < self.lr:
+            raise ConfigError(f"'lr' must be positive, got {self.lr}.")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
+            raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
+        if self.network not in ("auto", "mlp", "cnn"):
+            raise ConfigError(f"'network' must be 'auto', 'mlp' or 'cnn', got '{self.network}'.")
+        if self.activation not in ("tanh", "relu", "gelu"):
+            raise ConfigError(f"'activation' must be 'tanh', 'relu' or 'gelu', got '{self.activation}'.")
+        if self.num_steps % self.num_minibatches:
+            raise ConfigError(
+                f"num_steps ({self.num_steps}) must be divisible by num_minibatches ({self.num_minibatches}): "
+                "every minibatch takes num_steps / num_minibatches steps of every env."
+            )
+        if self.num_envs % self.num_minibatches:
+            raise ConfigError(
+                f"num_envs ({self.num_envs}) must be divisible by num_minibatches ({self.num_minibatches})."
+            )
+        if self.checkpoint_every and self.checkpoint_every % self.log_every:
+            raise ConfigError(
+                f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})."
+            )
+        if self.num_updates < 1:
+            raise ConfigError(
+                f"total_timesteps ({self.total_timesteps}) is smaller than one update of "
+                f"num_envs x num_steps = {self.num_envs * self.num_steps} steps."
+            )
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // (self.num_envs * self.num_steps)
+
+    @property
+    def steps_per_update(self) -> int:
+        return self.num_envs * self.num_steps * self.num_seeds
+
+
+def resolve_devices(config: PPOConfig) -> tuple[int, int]:
+    """(number of devices, number of env shards), checked against num_envs."""
+    available = jax.device_count()  # every device of every host after jax.distributed.initialize()
+    devices = config.num_devices or available
+    if devices > available:
+        raise ConfigError(f"num_devices={devices} but only {available} device(s) exist; use num_devices=0 for all.")
+    shards = config.env_shards or devices
+    if shards % devices:
+        raise ConfigError(f"env_shards ({shards}) must be a multiple of the number of devices ({devices}).")
+    if config.num_envs % shards:
+        raise ConfigError(
+            f"num_envs ({config.num_envs}) must be divisible by the number of devices/env shards ({shards})."
+        )
+    return devices, shards
+
+
+class TrainState(struct.PyTreeNode):
+    params: Any
+    opt_state: Any
+
+
+class RunnerState(struct.PyTreeNode):
+    """Everything needed to continue a run exactly (leading axis: seeds)."""
+
+    train_state: TrainState
+    env_state: Any  # [seeds, shards, envs_per_shard, ...]
+    obs: Any  # [seeds, shards, envs_per_shard, ...]
+    env_params: Any  # [seeds, ...]
+    extra_variables: Any  # non-trainable network variables (e.g. frozen experts), [seeds, ...]
+    key: jax.Array  # [seeds, 2]
+    update: jax.Array  # [seeds] int32: updates done
+
+
+class Transition(NamedTuple):
+    obs: Any
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    final_value: jax.Array
+
+
+def _episode_metrics(info: dict, achievement_names: tuple[str, ...]) -> dict[str, jax.Array]:
+    """Sums and counts of finished episodes in one rollout, to be averaged across shards/devices."""
+    done = info["returned_episode"].astype(jnp.float32)
+    out = {
+        "episodes": done.sum(),
+        "return_sum": (info["episode_return"] * done).sum(),
+        "length_sum": (info["episode_length"] * done).sum(),
+    }
+    if achievement_names:
+        out["achievement_sum"] = (info["achievements"].astype(jnp.float32) * done[..., None]).sum(
+            axis=tuple(range(done.ndim))
+        )
+    return out
+
+
+@dataclasses.dataclass
+class PPO:
+    """A compiled PPO trainer. Build with `make_train`."""
+
+    config: PPOConfig
+    env: Any
+    env_params: Any
+    network: nn.Module
+    mesh: jax.sharding.Mesh
+    num_shards: int
+    achievement_names: tuple[str, ...]
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def num_updates(self) -> int:
+        return self.config.num_updates
+
+    @property
+    def envs_per_shard(self) -> int:
+        return self.config.num_envs // self.num_shards
+
+    def vec_env(self, env_params):
+        from jaxrl_hier.envs import make_vec_env
+
+        c = self.config
+        return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode, reset_ratio=c.reset_ratio)
+
+    def optimizer(self) -> optax.GradientTransformation:
+        c = self.config
+        total = self.num_updates * c.update_epochs * c.num_minibatches
+        lr = optax.linear_schedule(c.lr, 0.0, total) if c.anneal_lr else c.lr
+        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5))
+
+    def apply(self, params, extra, obs):
+        return self.network.apply({"params": params, **extra}, obs)
+
+    def _init_one(self, key: jax.Array, extra: dict) -> RunnerState:
+        """The runner state of one seed (no seed axis)."""
+        key, k_net, k_env = jax.random.split(key, 3)
+        vec = self.vec_env(self.env_params)
+        shard_keys = jax.random.split(k_env, self.num_shards)
+        obs, env_state = jax.vmap(vec.reset)(shard_keys)
+        sample_obs = jax.tree.map(lambda x: x[0, :1], obs)
+        variables = self.network.init(k_net, sample_obs)
+        params = variables["params"]
+        extra = {**{k: v for k, v in variables.items() if k != "params"}, **extra}
+        opt_state = self.optimizer().init(params)
+        return RunnerState(TrainState(params, opt_state), env_state, obs, self.env_params, extra, key, jnp.int32(0))
+
+    def init(self, key: jax.Array, extra_variables: dict | None = None) -> RunnerState:
+        """Initial state of `num_seeds` runs, laid out on the mesh (env arrays split over devices)."""
+        seed_keys = jax.random.split(key, self.config.num_seeds)
+        init = jax.vmap(lambda k: self._init_one(k, extra_variables or {}))
+        # Compiled with output shardings, so that each device (and each host, in a multi-host
+        # run) only materialises its own env shards.
+        out_shardings = self.shardings(jax.eval_shape(init, seed_keys))
+        return jax.jit(init, out_shardings=out_shardings)(seed_keys)
+
+    def shardings(self, runner: RunnerState) -> RunnerState:
+        """Env state and obs split over the `data` axis on their shard axis (axis 1); rest replicated."""
+        spec = self._specs(runner)
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), spec, is_leaf=lambda x: isinstance(x, P))
+
+    def _specs(self, runner: RunnerState) -> RunnerState:
+        rep = jax.tree.map(lambda _: P(), runner)
+        sharded = lambda tree: jax.tree.map(lambda _: P(None, DATA_AXIS), tree)  # noqa: E731
+        return rep.replace(env_state=sharded(runner.env_state), obs=sharded(runner.obs))
+
+    # ------------------------------------------------------------------ one update (per device)
+    def _rollout(self, runner: RunnerState, shard_index: jax.Array):
+        """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
+        c = self.config
+        vec = self.vec_env(runner.env_params)
+        params, extra = runner.train_state.params, runner.extra_variables
+
+        def step(carry, _):
+            env_state, obs, key = carry
+            key, k_act, k_env = jax.random.split(key, 3)
+            pi, value = self.apply(params, extra, obs)
+            action = pi.sample(seed=k_act)
+            log_prob = pi.log_prob(action)
+            next_obs, env_state, reward, terminated, truncated, info = vec.step(k_env, env_state, action)
+            # A truncated episode bootstraps from the value of its last observation.
+            _, final_value = self.apply(params, extra, info["final_obs"])
+            t = Transition(obs, action, log_prob, value, reward, terminated, truncated, final_value)
+            return (env_state, next_obs, key), (t, _episode_metrics(info, self.achievement_names))
+
+        key = jax.random.fold_in(runner.key, shard_index)
+        (env_state, obs, _), (traj, ep) = jax.lax.scan(step, (runner.env_state, runner.obs, key), None, c.num_steps)
+        _, last_value = self.apply(params, extra, obs)
+        adv, targets = gae(traj.reward, traj.value, traj.terminated, traj.truncated, traj.final_value, last_value,
+                           c.gamma, c.gae_lambda)
+        return env_state, obs, traj, adv, targets, jax.tree.map(lambda x: x.sum(0), ep)
+
+    def _loss(self, params, extra, traj: Transition, adv, targets):
+        c = self.config
+        pi, value = self.apply(params, extra, traj.obs)
+        log_prob = pi.log_prob(traj.action)
+        value_clipped = traj.value + (value - traj.value).clip(-c.clip_eps, c.clip_eps)
+        value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
+        ratio = jnp.exp(log_prob - traj.log_prob)
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv).mean()
+        entropy = pi.entropy().mean()
+        total = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
+        approx_kl = ((ratio - 1) - jnp.log(ratio)).mean()
+        clip_frac = (jnp.abs(ratio - 1) > c.clip_eps).mean()
+        return total, {"loss": total, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                       "approx_kl": approx_kl, "clip_frac": clip_frac}
+
+    def _update_one(self, runner: RunnerState) -> tuple[RunnerState, dict]:
+        """One PPO update of one seed, inside shard_map: env arrays are this device's shards."""
+        c = self.config
+        local_shards = jax.tree.leaves(runner.obs)[0].shape[0]
+        device = jax.lax.axis_index(DATA_AXIS)
+        shard_ids = device * local_shards + jnp.arange(local_shards)
+        rollout = jax.vmap(self._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None), 0))
+        env_state, obs, traj, adv, targets, ep = rollout(runner, shard_ids)
+        # traj leaves: [shards, T, n, ...]
+
+        key, k_perm = jax.random.split(runner.key)
+        n = self.envs_per_shard
+        global_env = shard_ids[:, None] * n + jnp.arange(n)[None, :]  # [shards, n]
+        mb_steps = c.num_steps // c.num_minibatches
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        tx = self.optimizer()
+
+        def epoch(train_state, epoch_index):
+            k_epoch = jax.random.fold_in(k_perm, epoch_index)
+            perms = jax.vmap(jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(k_epoch, e), c.num_steps)))(
+                global_env
+            )  # [shards, n, T]
+
+            def minibatch(train_state, k):
+                idx = jax.lax.dynamic_slice_in_dim(perms, k * mb_steps, mb_steps, axis=2)  # [shards, n, mb]
+
+                def take(x):  # [shards, T, n, ...] -> [shards * mb * n, ...]
+                    x = jnp.moveaxis(x, 1, 2)  # [shards, n, T, ...]
+                    picked = jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
+                    return picked.reshape((-1,) + x.shape[3:])
+
+                mb = jax.tree.map(take, (traj, adv, targets))
+                # Every shard holds the same number of samples, so pmean of local means is the global mean.
+                (_, aux), grads = grad_fn(train_state.params, runner.extra_variables, *mb)
+                grads = jax.lax.pmean(grads, DATA_AXIS)
+                aux = jax.lax.pmean(aux, DATA_AXIS)
+                updates, opt_state = tx.update(grads, train_state.opt_state, train_state.params)
+                params = optax.apply_updates(train_state.params, updates)
+                return TrainState(params, opt_state), aux
+
+            return jax.lax.scan(minibatch, train_state, jnp.arange(c.num_minibatches))
+
+        train_state, losses = jax.lax.scan(epoch, runner.train_state, jnp.arange(c.update_epochs))
+        losses = jax.tree.map(jnp.mean, losses)
+        ep = jax.lax.psum(jax.tree.map(lambda x: x.sum(0), ep), DATA_AXIS)
+        runner = runner.replace(train_state=train_state, env_state=env_state, obs=obs, key=key,
+                                update=runner.update + 1)
+        return runner, {**losses, **ep}
+
+    # ------------------------------------------------------------------ compiled entry points
+    def _chunk(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
+        def body(r, _):
+            return jax.vmap(self._update_one)(r)
+
+        return jax.lax.scan(body, runner, None, num_updates)
+
+    def _compiled_chunk(self, num_updates: int, runner: RunnerState):
+        spec = self._specs(runner)
+        metric_spec = P()  # psum/pmean made them equal on every device
+        fn = jax.shard_map(lambda r: self._chunk(r, num_updates), mesh=self.mesh, in_specs=(spec,),
+                           out_specs=(spec, metric_spec), check_vma=False)
+        # No buffer donation: an asynchronous checkpoint may still be reading the previous state.
+        return jax.jit(fn)
+
+    def update(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
+        """Run `num_updates` PPO updates as one compiled program.
+
+        Returns the new runner state and per-update metrics of shape [num_updates, num_seeds]:
+        losses, and episode statistics (mean return, length, achievement success rates; NaN
+        for an update in which no episode finished).
+        """
+        cache = self.__dict__.setdefault("_cache", {})
+        if num_updates not in cache:
+            cache[num_updates] = self._compiled_chunk(num_updates, runner)
+        runner, raw = cache[num_updates](runner)
+        return runner, summarize(raw)
+
+    def __call__(self, key: jax.Array) -> tuple[RunnerState, dict]:
+        """The whole run (`num_updates` updates) as one program."""
+        return self.update(self.init(key), self.num_updates)
+
+
+def summarize(raw: dict) -> dict:
+    """Turn per-update sums and counts into means (NaN where no episode finished)."""
+    out = {k: v for k, v in raw.items() if k not in ("episodes", "return_sum", "length_sum", "achievement_sum")}
+    episodes = raw["episodes"]
+    safe = jnp.where(episodes > 0, episodes, jnp.nan)
+    out["episodes"] = episodes
+    out["episode_return"] = raw["return_sum"] / safe
+    out["episode_length"] = raw["length_sum"] / safe
+    if "achievement_sum" in raw:
+        out["achievements"] = raw["achievement_sum"] / safe[..., None]
+    return out
+
+
+def make_train(
+    config: PPOConfig,
+    *,
+    env: Any = None,
+    env_params: Any = None,
+    network: nn.Module | None = None,
+) -> PPO:
+    """Build a PPO trainer for `config`. `env`/`network` override the ones the config names
+    (the skills code passes a skill-wrapped env and a mixture-of-experts policy)."""
+    from jaxrl_hier.envs import make
+
+    config.validate()
+    num_devices, num_shards = resolve_devices(config)
+    if env is None:
+        env, default_params = make(config.env)
+        env_params = default_params if env_params is None else env_params
+    elif env_params is None:
+        env_params = env.default_params
+    if network is None:
+        obs_shape = env.observation_space(env_params).shape
+        kind = config.network if config.network != "auto" else ("cnn" if len(obs_shape) == 3 else "mlp")
+        network = make_network(kind, env.action_space(env_params).n, config.hidden_size, config.num_layers,
+                               config.activation)
+    mesh = jax.make_mesh((num_devices,), (DATA_AXIS,), devices=jax.devices()[:num_devices])
+    return PPO(config, env, env_params, network, mesh, num_shards, tuple(getattr(env, "achievement_names", ())))
+
+
+def metrics_to_records(metrics: dict, achievement_names: tuple[str, ...], seed_index: int | None = None) -> list[dict]:
+    """Per-update host records (means over seeds unless `seed_index` is given)."""
+    host = jax.tree.map(np.asarray, metrics)
+    num = host["loss"].shape[0]
+    records = []
+    for u in range(num):
+        pick = (lambda x: x[u, seed_index]) if seed_index is not None else (lambda x: np.nanmean(x[u], axis=0))
+        rec = {}
+        for k, v in host.items():
+            if k == "achievements":
+                continue
+            with np.errstate(all="ignore"):
+                val = float(pick(v)) if not np.all(np.isnan(v[u])) else math.nan
+            rec[k] = val
+        if "achievements" in host:
+            with np.errstate(all="ignore"):
+                rates = pick(host["achievements"]) if not np.all(np.isnan(host["achievements"][u])) else None
+            for i, name in enumerate(achievement_names):
+                rec[f"achievement/{name}"] = float(rates[i]) if rates is not None else math.nan
+        records.append(rec)
+    return records

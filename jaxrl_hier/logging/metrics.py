@@ -1,0 +1,116 @@
+"""metrics.jsonl, TensorBoard and W&B sinks, and the learning-curve plot.
+
+`metrics.jsonl` gets one JSON object per logged update, flushed and fsynced line by line. On
+resume it is cut back to the records at or before the restored update (rewritten atomically),
+so a resumed run writes exactly the lines an uninterrupted run would have written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from jaxrl_hier.io import atomic_write_text
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN: write null for 'no episode finished in this update'."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Parse a JSONL file, skipping a torn last line left by a crash."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+class MetricsWriter:
+    """Appends records to `metrics.jsonl` and forwards them to the optional TensorBoard/W&B sinks."""
+
+    def __init__(self, output_dir: str | Path, *, tensorboard: bool = False, wandb: bool = False,
+                 wandb_project: str = "jaxrl_hier", config: dict | None = None):
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wandb_lib
+            except ImportError:
+                raise RuntimeError("wandb=true needs the wandb package: pip install -e '.[wandb]'") from None
+            # Offline unless the user configured otherwise: nothing here reaches a server by default.
+            os.environ.setdefault("WANDB_MODE", "offline")
+            self._wandb = wandb_lib.init(project=wandb_project, dir=str(output_dir), config=config or {},
+                                         resume="allow", id=Path(output_dir).name)
+
+    def truncate_after(self, update: int) -> None:
+        """Keep only records with `update <= update` (resume after a crash)."""
+        kept = [r for r in read_jsonl(self.path) if r.get("update", 0) <= update]
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+
+    def write(self, record: dict) -> None:
+        if self._file is None:
+            self._file = open(self.path, "a")
+        record = {k: _clean(v) for k, v in record.items()}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        step = int(record.get("env_steps", record.get("update", 0)))
+        if self._tb is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and v is not None:
+                    self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if v is not None}, step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = "") -> None:
+    """Episode return (and length) against env steps, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["env_steps"], r["episode_return"], r.get("episode_length")) for r in records
+           if r.get("episode_return") is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    if pts:
+        steps, returns, lengths = zip(*pts)
+        axes[0].plot(steps, returns)
+        axes[1].plot(steps, [x if x is not None else math.nan for x in lengths])
+    axes[0].set(xlabel="env steps", ylabel="mean episode return", title=title)
+    axes[1].set(xlabel="env steps", ylabel="mean episode length")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
