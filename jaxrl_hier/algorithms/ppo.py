@@ -208,11 +208,14 @@ class PPO:
     def envs_per_shard(self) -> int:
         return self.config.num_envs // self.num_shards
 
-    def vec_env(self, env_params):
+    def vec_env(self, env_params, sync_axes: tuple[str, ...] = ()):
         from jaxrl_hier.envs import make_vec_env
 
         c = self.config
-        return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode, reset_ratio=c.reset_ratio)
+        # The rollout runs under vmap over seeds and shards: the reset branches reduce their
+        # predicates over those axes so that they stay real branches (see envs/vec.py).
+        return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode,
+                            reset_ratio=c.reset_ratio, sync_axes=sync_axes)
 
     def optimizer(self) -> optax.GradientTransformation:
         c = self.config
@@ -259,7 +262,7 @@ class PPO:
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
         """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
         c = self.config
-        vec = self.vec_env(runner.env_params)
+        vec = self.vec_env(runner.env_params, sync_axes=("seed", "shard"))
         params, extra = runner.train_state.params, runner.extra_variables
 
         def step(carry, _):
@@ -303,7 +306,8 @@ class PPO:
         local_shards = jax.tree.leaves(runner.obs)[0].shape[0]
         device = jax.lax.axis_index(DATA_AXIS)
         shard_ids = device * local_shards + jnp.arange(local_shards)
-        rollout = jax.vmap(self._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None), 0))
+        rollout = jax.vmap(self._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None), 0),
+                           axis_name="shard")
         env_state, obs, traj, adv, targets, ep = rollout(runner, shard_ids)
         # traj leaves: [shards, T, n, ...]
 
@@ -349,7 +353,7 @@ class PPO:
     # ------------------------------------------------------------------ compiled entry points
     def _chunk(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
         def body(r, _):
-            return jax.vmap(self._update_one)(r)
+            return jax.vmap(self._update_one, axis_name="seed")(r)
 
         return jax.lax.scan(body, runner, None, num_updates)
 

@@ -1,0 +1,216 @@
+"""Vectorised environments: N envs stepped with vmap, episode statistics, and reset schemes.
+
+    vec = make_vec_env(env, params, num_envs=256, reset_mode="pool")
+    obs, vstate = vec.reset(key)
+    obs, vstate, reward, terminated, truncated, info = vec.step(key, vstate, action)
+
+`obs` is already the first observation of the next episode for envs that finished; `info` holds
+`final_obs` (the observation that ended the episode, for the truncation bootstrap),
+`returned_episode`, `episode_return`, `episode_length`, `achievements` (bool[N, A]) of the
+episodes that finished on this step, and `reset_slot` (which fresh world each env received, -1
+for none: used to check that no world is handed out twice).
+
+Reset schemes (`reset_mode`):
+
+- "auto": every step computes a reset for every env and keeps it where the episode ended. Exact
+  and simple, but a Craftax reset builds nine floors, so this is the slow baseline.
+- "optimistic": every step generates M = N // reset_ratio fresh worlds and hands them, one each,
+  to the first M envs that finished (by env index). If more than M finish, the rest get a full
+  reset in a rarely taken branch, never a copy of a world already handed out (the bug of
+  Craftax_Baselines#11 / Stoa#5). Cost: M resets every step, whatever the done rate.
+- "pool": a pool of `pool_size` fresh worlds, refilled in one batch only when it holds fewer
+  worlds than envs finished on this step. Finished envs take distinct pool slots in order, the
+  slot is marked used. Cost follows the actual done rate (amortised, one reset per finished
+  episode plus at most one batch of leftovers per refill); each world is used once, so world
+  diversity is the same as with "auto". At most `max_resets_per_step` envs (default
+  N // reset_ratio) take pool worlds in one step; more take the full-reset branch.
+- "none": never reset (finished envs keep stepping their final state). Only a throughput bound for
+  benchmarks, not for training.
+
+Branches are `lax.cond`s. Under `vmap` a cond with a batched predicate runs both branches, so the
+trainer passes its vmapped axis names as `sync_axes`: the predicate is then reduced (any) over
+those axes and stays a scalar, and the refill runs for every instance when any needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl_hier.config import ConfigError
+
+RESET_MODES = ("auto", "optimistic", "pool", "none")
+
+
+class VecState(struct.PyTreeNode):
+    env_state: Any  # [N, ...]
+    episode_return: jax.Array  # [N] running return of the current episode
+    episode_length: jax.Array  # [N]
+    pool_state: Any  # [K, ...] fresh worlds ("pool" and "optimistic"); K = 0 otherwise
+    pool_obs: Any  # [K, ...]
+    pool_valid: jax.Array  # [K] bool: slot holds an unused world
+
+
+def _where(mask: jax.Array, a: Any, b: Any) -> Any:
+    """Per-env select over pytrees whose leaves have the env axis first."""
+    return jax.tree.map(lambda x, y: jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y), a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class VecEnv:
+    env: Any
+    params: Any
+    num_envs: int
+    reset_mode: str = "pool"
+    reset_ratio: int = 16
+    pool_size: int = 0  # 0: 2 * max_resets_per_step
+    max_resets_per_step: int = 0  # 0: num_envs // reset_ratio (at least 1)
+    sync_axes: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ sizes and spaces
+    @property
+    def resets_per_step(self) -> int:
+        return min(self.num_envs, self.max_resets_per_step or max(1, self.num_envs // self.reset_ratio))
+
+    @property
+    def pool_capacity(self) -> int:
+        if self.reset_mode == "optimistic":
+            return self.resets_per_step
+        if self.reset_mode == "pool":
+            return self.pool_size or 2 * self.resets_per_step
+        return 0
+
+    @property
+    def observation_space(self):
+        return self.env.observation_space(self.params)
+
+    @property
+    def action_space(self):
+        return self.env.action_space(self.params)
+
+    @property
+    def achievement_names(self) -> tuple[str, ...]:
+        return tuple(getattr(self.env, "achievement_names", ()))
+
+    # ------------------------------------------------------------------ helpers
+    def _reset_many(self, key: jax.Array, n: int):
+        return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, n), self.params)
+
+    def _any(self, pred: jax.Array) -> jax.Array:
+        """`pred` reduced over the caller's vmapped axes, so that lax.cond stays a real branch."""
+        pred = pred.astype(jnp.int32)
+        for axis in self.sync_axes:
+            pred = jax.lax.pmax(pred, axis)
+        return pred > 0
+
+    # ------------------------------------------------------------------ API
+    def reset(self, key: jax.Array) -> tuple[Any, VecState]:
+        k_env, k_pool = jax.random.split(key)
+        obs, state = self._reset_many(k_env, self.num_envs)
+        k = self.pool_capacity
+        if k:
+            pool_obs, pool_state = self._reset_many(k_pool, k)
+            valid = jnp.ones(k, bool) if self.reset_mode == "pool" else jnp.zeros(k, bool)
+        else:
+            pool_obs, pool_state, valid = None, None, jnp.zeros(0, bool)
+        zeros = jnp.zeros(self.num_envs, jnp.float32)
+        return obs, VecState(state, zeros, jnp.zeros(self.num_envs, jnp.int32), pool_state, pool_obs, valid)
+
+    def step(self, key: jax.Array, vstate: VecState, action: jax.Array):
+        k_step, k_reset = jax.random.split(key)
+        keys = jax.random.split(k_step, self.num_envs)
+        obs, state, reward, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+            keys, vstate.env_state, action, self.params
+        )
+        done = terminated | truncated
+        ep_return = vstate.episode_return + reward
+        ep_length = vstate.episode_length + 1
+        achievements = jax.vmap(self.env.achievements)(state) & done[:, None]
+        info = {
+            "final_obs": obs,
+            "returned_episode": done,
+            "episode_return": jnp.where(done, ep_return, 0.0),
+            "episode_length": jnp.where(done, ep_length, 0),
+            "achievements": achievements,
+        }
+        vstate = vstate.replace(env_state=state, episode_return=jnp.where(done, 0.0, ep_return),
+                                episode_length=jnp.where(done, 0, ep_length))
+        obs, vstate, slot = self._apply_resets(k_reset, vstate, obs, done)
+        info["reset_slot"] = slot
+        return obs, vstate, reward, terminated, truncated, info
+
+    # ------------------------------------------------------------------ reset schemes
+    def _apply_resets(self, key, vstate: VecState, obs, done):
+        no_slot = jnp.full(self.num_envs, -1, jnp.int32)
+        if self.reset_mode == "none":
+            return obs, vstate, no_slot
+        if self.reset_mode == "auto":
+            reset_obs, reset_state = self._reset_many(key, self.num_envs)
+            return (_where(done, reset_obs, obs), vstate.replace(env_state=_where(done, reset_state, vstate.env_state)),
+                    no_slot)
+        k_pool, k_fallback = jax.random.split(key)
+        if self.reset_mode == "optimistic":
+            # M fresh worlds every step, whatever the done rate.
+            pool_obs, pool_state = self._reset_many(k_pool, self.pool_capacity)
+            vstate = vstate.replace(pool_obs=pool_obs, pool_state=pool_state,
+                                    pool_valid=jnp.ones(self.pool_capacity, bool))
+        else:
+            vstate = self._refill_if_short(k_pool, vstate, done.sum())
+        obs, vstate, slot, served = self._take_from_pool(vstate, obs, done)
+        return (*self._fallback(k_fallback, vstate, obs, done & ~served), slot)
+
+    def _refill_if_short(self, key, vstate: VecState, need: jax.Array) -> VecState:
+        """Fill the empty slots of the pool with fresh worlds, only when it cannot serve `need`."""
+
+        def refill(v: VecState) -> VecState:
+            fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
+            return v.replace(pool_obs=_where(v.pool_valid, v.pool_obs, fresh_obs),
+                             pool_state=_where(v.pool_valid, v.pool_state, fresh_state),
+                             pool_valid=jnp.ones_like(v.pool_valid))
+
+        short = self._any(vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step))
+        return jax.lax.cond(short, refill, lambda v: v, vstate)
+
+    def _take_from_pool(self, vstate: VecState, obs, done):
+        """Hand distinct pool worlds to (up to `resets_per_step`) finished envs, in env order.
+
+        Only R = resets_per_step rows are gathered and scattered, so a step's memory traffic does
+        not grow with N; the i-th finished env takes the i-th valid slot, so no two envs share one.
+        """
+        r, n, k = self.resets_per_step, self.num_envs, self.pool_capacity
+        envs = jnp.nonzero(done, size=r, fill_value=n)[0]  # first R finished envs (n = none)
+        slots = jnp.nonzero(vstate.pool_valid, size=r, fill_value=k)[0]  # first R unused worlds
+        pair = (envs < n) & (slots < k)
+        envs = jnp.where(pair, envs, n)  # out-of-range indices are dropped by the scatters
+        slots_read = jnp.where(pair, slots, 0)
+        put = lambda dst, src: dst.at[envs].set(src[slots_read], mode="drop")  # noqa: E731
+        state = jax.tree.map(put, vstate.env_state, vstate.pool_state)
+        obs = jax.tree.map(put, obs, vstate.pool_obs)
+        valid = vstate.pool_valid.at[jnp.where(pair, slots, k)].set(False, mode="drop")
+        slot = jnp.full(n, -1, jnp.int32).at[envs].set(slots.astype(jnp.int32), mode="drop")
+        served = jnp.zeros(n, bool).at[envs].set(True, mode="drop")
+        return obs, vstate.replace(env_state=state, pool_valid=valid), slot, served
+
+    def _fallback(self, key, vstate: VecState, obs, pending):
+        """Full resets for finished envs the pool could not serve (rare; a real branch)."""
+
+        def reset_pending(args):
+            o, v = args
+            fresh_obs, fresh_state = self._reset_many(key, self.num_envs)
+            return _where(pending, fresh_obs, o), v.replace(env_state=_where(pending, fresh_state, v.env_state))
+
+        return jax.lax.cond(self._any(pending.any()), reset_pending, lambda a: a, (obs, vstate))
+
+
+def make_vec_env(env, params, num_envs: int, reset_mode: str = "pool", reset_ratio: int = 16, *,
+                 pool_size: int = 0, max_resets_per_step: int = 0, sync_axes: tuple[str, ...] = ()) -> VecEnv:
+    """N copies of `env` stepped together; see the module docstring for the reset schemes."""
+    if reset_mode not in RESET_MODES:
+        raise ConfigError(f"unknown reset_mode '{reset_mode}': use one of {', '.join(RESET_MODES)}.")
+    if num_envs < 1 or reset_ratio < 1 or pool_size < 0 or max_resets_per_step < 0:
+        raise ConfigError("num_envs and reset_ratio must be positive; pool_size and max_resets_per_step >= 0.")
+    return VecEnv(env, params, num_envs, reset_mode, reset_ratio, pool_size, max_resets_per_step, tuple(sync_axes))
