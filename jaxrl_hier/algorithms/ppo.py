@@ -254,8 +254,10 @@ class PPO:
         return jax.tree.map(lambda s: NamedSharding(self.mesh, s), spec, is_leaf=lambda x: isinstance(x, P))
 
     def _specs(self, runner: RunnerState) -> RunnerState:
-        rep = jax.tree.map(lambda _: P(), runner)
-        sharded = lambda tree: jax.tree.map(lambda _: P(None, DATA_AXIS), tree)  # noqa: E731
+        # Full-rank specs: jit caches on the exact sharding, and the outputs of shard_map carry
+        # full-rank specs, so short ones would recompile the first chunk after init.
+        rep = jax.tree.map(lambda x: P(*[None] * x.ndim), runner)
+        sharded = lambda tree: jax.tree.map(lambda x: P(None, DATA_AXIS, *[None] * (x.ndim - 2)), tree)  # noqa: E731
         return rep.replace(env_state=sharded(runner.env_state), obs=sharded(runner.obs))
 
     # ------------------------------------------------------------------ one update (per device)

@@ -66,6 +66,8 @@ class CraftaxEnv(Environment):
             else:
                 from craftax.craftax.constants import BLOCK_PIXEL_SIZE_IMG
                 from craftax.craftax.renderer import make_craftax_pixel_renderer
-            self._renderer = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG)
+            # Craftax builds its texture tables with numpy: keep that out of any trace.
+            with jax.ensure_compile_time_eval():
+                self._renderer = make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG)
         frame = self._renderer(state)
         return jnp.clip(frame, 0, 255).astype(jnp.uint8)
