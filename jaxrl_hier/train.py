@@ -177,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # a checkpoint that cannot be restored is bad input too
+        from jaxrl_hier.checkpointing import CheckpointError
+
+        if not isinstance(err, CheckpointError):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: resume with --resume --output-dir <dir>", file=sys.stderr)
         return 130

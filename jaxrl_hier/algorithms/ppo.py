@@ -293,7 +293,10 @@ class PPO:
         value_clipped = traj.value + (value - traj.value).clip(-c.clip_eps, c.clip_eps)
         value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
         ratio = jnp.exp(log_prob - traj.log_prob)
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        # Normalise with the statistics of the whole minibatch across devices, not this device's share.
+        mean = jax.lax.pmean(adv.mean(), DATA_AXIS)
+        std = jnp.sqrt(jnp.maximum(jax.lax.pmean(jnp.square(adv).mean(), DATA_AXIS) - mean**2, 0.0))
+        adv = (adv - mean) / (std + 1e-8)
         actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv).mean()
         entropy = pi.entropy().mean()
         total = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
@@ -421,7 +424,8 @@ def make_train(
         kind = config.network if config.network != "auto" else ("cnn" if len(obs_shape) == 3 else "mlp")
         network = make_network(kind, env.action_space(env_params).n, config.hidden_size, config.num_layers,
                                config.activation)
-    mesh = jax.make_mesh((num_devices,), (DATA_AXIS,), devices=jax.devices()[:num_devices])
+    mesh = jax.make_mesh((num_devices,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices()[:num_devices])
     return PPO(config, env, env_params, network, mesh, num_shards, tuple(getattr(env, "achievement_names", ())))
 
 

@@ -166,14 +166,19 @@ class VecEnv:
     def _refill_if_short(self, key, vstate: VecState, need: jax.Array) -> VecState:
         """Fill the empty slots of the pool with fresh worlds, only when it cannot serve `need`."""
 
-        def refill(v: VecState) -> VecState:
-            fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
-            return v.replace(pool_obs=_where(v.pool_valid, v.pool_obs, fresh_obs),
-                             pool_state=_where(v.pool_valid, v.pool_state, fresh_state),
-                             pool_valid=jnp.ones_like(v.pool_valid))
+        short = vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step)
 
-        short = self._any(vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step))
-        return jax.lax.cond(short, refill, lambda v: v, vstate)
+        def refill(v: VecState) -> VecState:
+            # The branch may run because another vmapped instance is short (sync_axes); only a
+            # pool that is short itself takes the fresh worlds, so results do not depend on
+            # how envs are grouped.
+            fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
+            keep = v.pool_valid | ~short
+            return v.replace(pool_obs=_where(keep, v.pool_obs, fresh_obs),
+                             pool_state=_where(keep, v.pool_state, fresh_state),
+                             pool_valid=v.pool_valid | short)
+
+        return jax.lax.cond(self._any(short), refill, lambda v: v, vstate)
 
     def _take_from_pool(self, vstate: VecState, obs, done):
         """Hand distinct pool worlds to (up to `resets_per_step`) finished envs, in env order.
