@@ -133,7 +133,8 @@ def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharde
             v, total = rollout(k[0], jax.tree.map(lambda x: x[0], v))
             return jax.tree.map(lambda x: x[None], v), jax.lax.psum(total, "data")
 
-        fn = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data", None), spec), out_specs=(spec, P())))
+        fn = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data", None), spec), out_specs=(spec, P()),
+                                   check_vma=False))
         compile_s, run_s = timed(fn, keys, vstate)
     else:
         _, vstate = jax.jit(vec.reset)(jax.random.PRNGKey(0))
@@ -207,7 +208,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--env", default="Craftax-Symbolic-v1")
     parser.add_argument("--quick", action="store_true", help="a reduced sweep (under 5 minutes on a 2-core CPU)")
-    parser.add_argument("--workload", choices=["env", "ppo", "all"], default="all")
+    parser.add_argument("--workload", choices=["env", "sharded", "ppo", "all"], default="all")
+    parser.add_argument("--append", action="store_true", help="add to the records already in OUT/fps.json")
     parser.add_argument("--num-envs", type=int, nargs="*", default=None, help="override the num_envs sweep")
     parser.add_argument("--steps", type=int, default=None, help="scan steps per timed vectorized call")
     parser.add_argument("--hidden", type=int, default=512, help="PPO network width")
@@ -226,6 +228,8 @@ def main(argv=None) -> int:
         ppo_sweep = [256, 1024, 4096] if gpu else [256, 1024]
     info = device_info()
     records: list[dict] = []
+    if args.append and (args.out / "fps.json").exists():
+        records = json.loads((args.out / "fps.json").read_text())
 
     def add(rec):
         rec.update(env=args.env, **info)
@@ -243,8 +247,8 @@ def main(argv=None) -> int:
                 if mode == "auto" and n > 256 and not gpu:
                     continue  # a reset per env per step: minutes per point on a CPU
                 add(vectorized(args.env, n, mode, steps))
-        if jax.device_count() > 1 or not args.quick:
-            add(vectorized(args.env, max(sweep), "pool", steps, sharded=True))
+    if args.workload in ("sharded", "all") and (jax.device_count() > 1 or not args.quick):
+        add(vectorized(args.env, max(sweep), "pool", steps, sharded=True))
     if args.workload in ("ppo", "all"):
         for n in ppo_sweep:
             add(ppo(args.env, n, 16 if not gpu else 64, 2, "pool", args.hidden))

@@ -51,15 +51,26 @@ def resolve_config(args: argparse.Namespace):
         if not saved.is_file():
             raise ConfigError(f"cannot resume: {saved} not found. Is {args.output_dir} a jaxrl_hier run directory?")
         config = load_config(PPOConfig, args.config or saved, args.overrides)
+        check_logging_deps(config)
         return config, args.output_dir
     path = args.config if args.config is not None else DEFAULT_CONFIG
     config = load_config(PPOConfig, path, args.overrides)
+    check_logging_deps(config)
     output_dir = args.output_dir or Path("runs") / f"{config.env.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
     ckpt = output_dir / "checkpoints"
     if ckpt.is_dir() and any(ckpt.iterdir()):
         raise ConfigError(f"{output_dir} already holds checkpoints: pass --resume to continue it, "
                           "or choose another --output-dir.")
     return config, output_dir
+
+
+def check_logging_deps(config) -> None:
+    """Optional sinks need their packages; say so before anything compiles."""
+    import importlib.util
+
+    for enabled, module, extra in ((config.tensorboard, "tensorboardX", "tensorboard"), (config.wandb, "wandb", "wandb")):
+        if enabled and importlib.util.find_spec(module) is None:
+            raise ConfigError(f"{extra}=true needs the {module} package: pip install -e '.[{extra}]'")
 
 
 def checkpoint_meta(trainer) -> dict:
@@ -120,8 +131,7 @@ def run(args: argparse.Namespace) -> int:
             if compile_s is None:
                 compile_s = elapsed
             update += n
-            rec = metrics_to_records(metrics, trainer.achievement_names)[-1]
-            rec = _merge_chunk(rec, metrics_to_records(metrics, trainer.achievement_names))
+            rec = _merge_chunk(metrics_to_records(metrics, trainer.achievement_names))
             rec.update(update=update, env_steps=update * steps_per_update, fps=n * steps_per_update / elapsed,
                        time_s=time.perf_counter() - t0)
             writer.write(rec)
@@ -152,13 +162,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge_chunk(last: dict, all_records: list[dict]) -> dict:
+def _merge_chunk(all_records: list[dict]) -> dict:
     """One record per chunk: losses of the last update, episode statistics over the whole chunk
     (episodes are sparse per update, so averaging over the chunk is the less noisy figure)."""
     episodes = [r.get("episodes") or 0.0 for r in all_records]
     total = sum(episodes)
-    out = dict(last)
-    for key in last:
+    out = dict(all_records[-1])
+    for key in out:
         if key == "episode_return" or key == "episode_length" or key.startswith("achievement/"):
             vals = [(r[key], w) for r, w in zip(all_records, episodes) if w and not math.isnan(r[key])]
             out[key] = sum(v * w for v, w in vals) / total if total else math.nan

@@ -58,3 +58,36 @@ def test_cli_process_exit_code():
     assert proc.returncode == 2
     assert "unknown config key 'bogus_key'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_happy_path_writes_every_output(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["--output-dir", str(out), "--no-progress", "env=CartPole-v1", "num_envs=16", "num_steps=16",
+                 "num_minibatches=4", "hidden_size=16", "num_layers=1", f"total_timesteps={16 * 16 * 6}",
+                 "log_every=2", "checkpoint_every=4", "tensorboard=true"])
+    assert code == 0
+    import json
+
+    import yaml
+
+    config = yaml.safe_load((out / "config.yaml").read_text())
+    assert config["env"] == "CartPole-v1" and config["num_envs"] == 16 and config["log_every"] == 2
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in lines] == [2, 4, 6]
+    assert [r["env_steps"] for r in lines] == [512, 1024, 1536]
+    for key in ("fps", "episode_return", "episode_length", "loss", "value_loss", "entropy"):
+        assert key in lines[-1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["4", "6"]
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tensorboard").iterdir())
+    assert not (out / "episode.gif").exists()  # GIFs are for Craftax only
+    assert "episode return" in capsys.readouterr().err
+
+
+def test_missing_logging_package_is_clear(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    assert main(["--output-dir", str(tmp_path), "wandb=true"]) == 2
+    assert "wandb=true needs the wandb package: pip install -e '.[wandb]'" in capsys.readouterr().err

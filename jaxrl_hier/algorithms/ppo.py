@@ -198,6 +198,7 @@ class PPO:
     mesh: jax.sharding.Mesh
     num_shards: int
     achievement_names: tuple[str, ...]
+    _compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # num_updates -> program
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -377,10 +378,9 @@ class PPO:
         losses, and episode statistics (mean return, length, achievement success rates; NaN
         for an update in which no episode finished).
         """
-        cache = self.__dict__.setdefault("_cache", {})
-        if num_updates not in cache:
-            cache[num_updates] = self._compiled_chunk(num_updates, runner)
-        runner, raw = cache[num_updates](runner)
+        if num_updates not in self._compiled:
+            self._compiled[num_updates] = self._compiled_chunk(num_updates, runner)
+        runner, raw = self._compiled[num_updates](runner)
         return runner, summarize(raw)
 
     def __call__(self, key: jax.Array) -> tuple[RunnerState, dict]:

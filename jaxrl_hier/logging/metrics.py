@@ -52,10 +52,7 @@ class MetricsWriter:
 
             self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
         if wandb:
-            try:
-                import wandb as wandb_lib
-            except ImportError:
-                raise RuntimeError("wandb=true needs the wandb package: pip install -e '.[wandb]'") from None
+            import wandb as wandb_lib  # presence checked by the CLI before anything compiles
             # Offline unless the user configured otherwise: nothing here reaches a server by default.
             os.environ.setdefault("WANDB_MODE", "offline")
             self._wandb = wandb_lib.init(project=wandb_project, dir=str(output_dir), config=config or {},
