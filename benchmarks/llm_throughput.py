@@ -4,8 +4,8 @@ Random-weight decoder models (no download): `--preset small` (CPU-sized), `qwen2
 `qwen2.5-1.5b` (shaped like the Qwen2.5 checkpoints, bfloat16, for a GPU run).
 
 Method, per batch size B (prompt length P, N new tokens, `jaxrl_hier.llm.generate`):
-* t1 = steady time of generate(max_new_tokens=1) (prefill + one decode step), tN = with N tokens;
-  prefill tokens/s = B * P / t1, decode tokens/s = B * (N - 1) / (tN - t1).
+* t1 = steady time of generate(max_new_tokens=1) (the prefill forward and one sample), tN = with N
+  tokens (N - 1 more decode forwards); prefill tokens/s = B * P / t1, decode = B * (N - 1) / (tN - t1).
 * compile time = first call minus the steady time, reported apart. Every timing blocks on the result.
 * decode at batch 1 as a fraction of the memory-bandwidth limit: every decode step reads all weights
   once, so the limit is bandwidth / param_bytes steps/s; fraction = param_bytes * tokens/s / bandwidth.

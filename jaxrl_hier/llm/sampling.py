@@ -117,13 +117,11 @@ def _generate_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: j
     next_pos = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
-    def step(carry, i):
-        cache, cache_mask, last, done, key, pos = carry
-        key, sub = jax.random.split(key)
-        model_logp = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
+    def pick(last, done, sub):
+        """Sample (or argmax) one token per row from the last logits; finished rows emit padding."""
         if greedy:
             token = jnp.argmax(last, axis=-1).astype(jnp.int32)
-            logp_dist = model_logp
+            logp_dist = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
         else:
             logp_dist = filter_logits(last, temperature, top_k, top_p)
             token = jax.random.categorical(sub, logp_dist, axis=-1).astype(jnp.int32)
@@ -131,16 +129,25 @@ def _generate_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: j
         live = ~done
         token = jnp.where(live, token, pad_token_id)
         done = done | (live & jnp.isin(token, eos_arr))
+        return (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32)), done
+
+    keys = jax.random.split(key, max_new_tokens)
+
+    def step(carry, i):
+        # sample token i, then run it through the model to get the logits for token i + 1
+        cache, cache_mask, last, done, pos = carry
+        out, done = pick(last, done, keys[i])
         slot = prompt_len + i
         cache_mask = cache_mask.at[:, slot].set(1)
-        logits, cache = _call(lm, params, token[:, None], cache_mask, lora, positions=pos[:, None],
+        logits, cache = _call(lm, params, out[0][:, None], cache_mask, lora, positions=pos[:, None],
                               cache=cache, cache_index=slot)
-        out = (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32))
-        return (cache, cache_mask, logits[:, -1], done, key, pos + 1), out
+        return (cache, cache_mask, logits[:, -1], done, pos + 1), out
 
     done0 = jnp.zeros((batch,), bool)
-    _, (tokens, logps, masks) = jax.lax.scan(
-        step, (cache, cache_mask, last, done0, key, next_pos), jnp.arange(max_new_tokens))
+    # the last token needs no forward pass: scan max_new_tokens - 1 steps, then sample once more
+    carry, outs = jax.lax.scan(step, (cache, cache_mask, last, done0, next_pos), jnp.arange(max_new_tokens - 1))
+    final, _ = pick(carry[2], carry[3], keys[-1])
+    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs, final))
     return GenerateOutput(tokens.T, logps.T, masks.T)
 
 
