@@ -174,6 +174,11 @@ def compiled_programs() -> int:
     return int(sum(f._cache_size() for _, f in _COMPILED.values()))
 
 
+def clear_compiled() -> None:
+    """Drop the compiled generate programs (and the model objects they keep alive)."""
+    _COMPILED.clear()
+
+
 def _eos_tuple(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
     if eos_token_id is None:
         return ()
@@ -242,4 +247,4 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
 
 
 __all__ = ["GenerateOutput", "generate", "token_logprobs", "bucket_length", "left_pad", "filter_logits",
-           "compiled_programs"]
+           "compiled_programs", "clear_compiled"]
