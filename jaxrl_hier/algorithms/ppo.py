@@ -238,7 +238,10 @@ class PPO:
         params = variables["params"]
         extra = {**{k: v for k, v in variables.items() if k != "params"}, **extra}
         opt_state = self.optimizer().init(params)
-        return RunnerState(TrainState(params, opt_state), env_state, obs, self.env_params, extra, key, jnp.int32(0))
+        runner = RunnerState(TrainState(params, opt_state), env_state, obs, self.env_params, extra, key, jnp.int32(0))
+        # Envs build some state from Python scalars (weakly typed); the updated state is strongly
+        # typed, and jit caches on weak types, so make them strong now or chunk 2 recompiles.
+        return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), runner)
 
     def init(self, key: jax.Array, extra_variables: dict | None = None) -> RunnerState:
         """Initial state of `num_seeds` runs, laid out on the mesh (env arrays split over devices)."""
@@ -368,8 +371,10 @@ class PPO:
         metric_spec = P()  # psum/pmean made them equal on every device
         fn = jax.shard_map(lambda r: self._chunk(r, num_updates), mesh=self.mesh, in_specs=(spec,),
                            out_specs=(spec, metric_spec), check_vma=False)
+        # Output shardings spelled out exactly as `init` spells them: jit caches on the exact
+        # sharding objects, and shard_map's own normalised specs would recompile the second chunk.
         # No buffer donation: an asynchronous checkpoint may still be reading the previous state.
-        return jax.jit(fn)
+        return jax.jit(fn, out_shardings=(self.shardings(runner), NamedSharding(self.mesh, P())))
 
     def update(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
         """Run `num_updates` PPO updates as one compiled program.
