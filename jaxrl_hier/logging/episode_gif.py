@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import jax
@@ -43,8 +44,6 @@ def write_episode_gif(trainer, runner, path: str | Path, max_steps: int = 400, s
 
     frames = rollout_frames(trainer, runner, jax.random.PRNGKey(seed), max_steps)
     frames = frames.astype(np.uint8)
-    import io
-
     buf = io.BytesIO()
     imageio.mimsave(buf, list(frames), format="GIF", duration=0.08, loop=0)
     atomic_write_bytes(path, buf.getvalue())
