@@ -1,0 +1,268 @@
+"""One decoder-only transformer for Llama (incl. Llama 3 rope scaling), Mistral, Qwen2/2.5, Qwen3
+and GPT-2, with the family differences as `ModelConfig` switches.
+
+Parameters are a plain dict; the layers are stacked along a leading [num_layers] axis and run
+with `lax.scan` (one compiled layer whatever the depth):
+
+    embed/embedding [V, H]            pos_embed/embedding [P, H]       (GPT-2 only)
+    layers/attn_norm/{scale,bias}     layers/{q,k,v}_proj/{kernel,bias} [L, H, heads*D]
+    layers/q_norm, k_norm/scale [L, D] (Qwen3)                     layers/o_proj [L, heads*D, H]
+    layers/mlp_norm/{scale,bias}      layers/{gate,up}_proj [L, H, I]  layers/down_proj [L, I, H]
+    final_norm/{scale,bias}           lm_head/kernel [H, V]            (untied models only)
+
+Biases and LayerNorm biases exist only where the family has them. GPT-2's fused c_attn is split
+into q/k/v on load and joined again on save, so every family uses the same projections.
+
+`forward` without a cache scores a left-padded [B, T] batch; with a cache (`init_cache`) it writes
+the new tokens' keys and values at slots cache_index .. cache_index + T - 1 and attends causally
+by slot over the slots whose `attention_mask` is 1 (incremental decoding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm import layers as L
+from jaxrl_hier.llm import sharding
+from jaxrl_hier.llm.lora import Lora
+from jaxrl_hier.llm.model_config import ModelConfig
+
+Params = dict[str, Any]
+
+__all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "init_cache", "init_params", "default_positions"]
+
+
+class KVCache(NamedTuple):
+    """Keys and values of every layer: [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+def _norm_params(config: ModelConfig, shape: tuple[int, ...], dtype: Any) -> Params:
+    p = {"scale": jnp.ones(shape, dtype)}
+    if config.norm == "layer":
+        p["bias"] = jnp.zeros(shape, dtype)
+    return p
+
+
+def _proj(key: jax.Array, layers: int, fan_in: int, fan_out: int, bias: bool, dtype: Any) -> Params:
+    p = {"kernel": L.normal(key, (layers, fan_in, fan_out), dtype)}
+    if bias:
+        p["bias"] = jnp.zeros((layers, fan_out), dtype)
+    return p
+
+
+def _init_params(config: ModelConfig, key: jax.Array, dtype: Any) -> Params:
+    if not config.is_decoder:
+        raise ConfigError(f"{config.model_type} is an encoder; use jaxrl_hier.llm.encoder.init_params.")
+    c, n = config, config.num_layers
+    q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    keys = iter(jax.random.split(key, 10))
+    layer: Params = {
+        "attn_norm": _norm_params(c, (n, c.hidden_size), dtype),
+        "q_proj": _proj(next(keys), n, c.hidden_size, q_width, c.qkv_bias, dtype),
+        "k_proj": _proj(next(keys), n, c.hidden_size, kv_width, c.qkv_bias, dtype),
+        "v_proj": _proj(next(keys), n, c.hidden_size, kv_width, c.qkv_bias, dtype),
+        "o_proj": _proj(next(keys), n, q_width, c.hidden_size, c.o_bias, dtype),
+        "mlp_norm": _norm_params(c, (n, c.hidden_size), dtype),
+        "up_proj": _proj(next(keys), n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype),
+        "down_proj": _proj(next(keys), n, c.intermediate_size, c.hidden_size, c.mlp_bias, dtype),
+    }
+    if c.gated_mlp:
+        layer["gate_proj"] = _proj(next(keys), n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype)
+    if c.qk_norm:
+        layer["q_norm"] = {"scale": jnp.ones((n, c.head_dim), dtype)}
+        layer["k_norm"] = {"scale": jnp.ones((n, c.head_dim), dtype)}
+    params: Params = {
+        "embed": {"embedding": L.normal(next(keys), (c.vocab_size, c.hidden_size), dtype)},
+        "layers": layer,
+        "final_norm": _norm_params(c, (c.hidden_size,), dtype),
+    }
+    if not c.rope:
+        params["pos_embed"] = {"embedding": L.normal(next(keys), (c.max_position_embeddings, c.hidden_size), dtype)}
+    if not c.tie_word_embeddings:
+        params["lm_head"] = {"kernel": L.normal(next(keys), (c.hidden_size, c.vocab_size), dtype)}
+    return params
+
+
+def init_params(config: ModelConfig, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None) -> Params:
+    """Random weights (N(0, 0.02), unit norms, zero biases) for tests and benchmarks.
+
+    With a mesh every weight is created directly in its shard (never whole on one device).
+    """
+    if mesh is None:
+        return jax.jit(_init_params, static_argnums=(0, 2))(config, key, dtype)
+    shapes = jax.eval_shape(lambda k: _init_params(config, k, dtype), key)
+    shardings = sharding.param_shardings(shapes, mesh)
+    return jax.jit(_init_params, static_argnums=(0, 2), out_shardings=shardings)(config, key, dtype)
+
+
+def param_shapes(config: ModelConfig, dtype: Any = jnp.float32) -> Params:
+    """The parameter tree as ShapeDtypeStructs (no memory allocated)."""
+    return jax.eval_shape(lambda k: _init_params(config, k, dtype), jax.random.key(0))
+
+
+def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.float32,
+               mesh: Mesh | None = None) -> KVCache:
+    """An empty cache for `batch` rows of `max_len` slots (batch over data x fsdp, kv heads over tensor)."""
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    k = sharding.constrain(jnp.zeros(shape, dtype), mesh, sharding.cache_spec(mesh, shape)) if mesh else \
+        jnp.zeros(shape, dtype)
+    v = sharding.constrain(jnp.zeros(shape, dtype), mesh, sharding.cache_spec(mesh, shape)) if mesh else \
+        jnp.zeros(shape, dtype)
+    return KVCache(k, v)
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def default_positions(attention_mask: jax.Array) -> jax.Array:
+    """Position ids of left-padded rows: 0 at the first real token, padding clipped to 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+def _check_inputs(config: ModelConfig, input_ids: jax.Array, attention_mask: jax.Array, positions: Any,
+                  cache: KVCache | None, cache_index: Any) -> None:
+    """Shape errors are reported before tracing goes further (all checks are on static shapes)."""
+    if input_ids.ndim != 2:
+        raise ConfigError(f"input_ids must be [batch, length], got shape {input_ids.shape}.")
+    batch, length = input_ids.shape
+    if cache is None:
+        if attention_mask.shape != input_ids.shape:
+            raise ConfigError(f"attention_mask {attention_mask.shape} must match input_ids {input_ids.shape} "
+                              "when no cache is given.")
+        if cache_index is not None:
+            raise ConfigError("cache_index was given without a cache; pass cache=init_cache(...) too.")
+        return
+    max_len = cache.k.shape[2]
+    if cache.k.shape[:2] != (config.num_layers, batch) or cache.k.shape[3:] != (config.num_kv_heads, config.head_dim):
+        raise ConfigError(f"cache shape {cache.k.shape} does not fit this model and batch {batch}: expected "
+                          f"({config.num_layers}, {batch}, max_len, {config.num_kv_heads}, {config.head_dim}).")
+    if attention_mask.shape != (batch, max_len):
+        raise ConfigError(f"with a cache, attention_mask must cover the cache slots: expected {(batch, max_len)}, "
+                          f"got {attention_mask.shape}.")
+    if positions is None or cache_index is None:
+        raise ConfigError("with a cache, pass positions [batch, length] and cache_index (the first slot to write).")
+    if length > max_len:
+        raise ConfigError(f"{length} new tokens do not fit a cache of {max_len} slots.")
+
+
+def _embed(config: ModelConfig, params: Params, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
+    x = jnp.take(params["embed"]["embedding"], input_ids, axis=0)
+    if not config.rope:
+        x = x + jnp.take(params["pos_embed"]["embedding"], positions, axis=0)
+    return x
+
+
+def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float, window: jax.Array,
+           rope: tuple[jax.Array, jax.Array] | None, allowed: jax.Array, offsets: jax.Array,
+           kv: tuple[jax.Array, jax.Array] | None, cache_index: Any, mesh: Mesh | None
+           ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+    c = config
+    b, t, _ = x.shape
+    h = L.norm(x, p["attn_norm"], c)
+    q = L.dense(h, p["q_proj"], lora.get("q_proj"), scale).reshape(b, t, c.num_heads, c.head_dim)
+    k = L.dense(h, p["k_proj"], lora.get("k_proj"), scale).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = L.dense(h, p["v_proj"], lora.get("v_proj"), scale).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.qk_norm:
+        q = L.rms_norm_heads(q, p["q_norm"]["scale"], c.norm_eps)
+        k = L.rms_norm_heads(k, p["k_norm"]["scale"], c.norm_eps)
+    if rope is not None:
+        q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
+    new_kv = None
+    if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
+        k_all = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
+        v_all = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
+        new_kv = (k_all, v_all)
+        k, v = k_all.astype(q.dtype), v_all.astype(q.dtype)
+    # sliding window (0 = none): a query at slot i sees slot j only when i - j < window
+    allowed = allowed & ((window == 0) | (offsets < window))[None]
+    scale_qk = c.head_dim**-0.5 if c.scale_attn else 1.0
+    attn = L.attention(q, k, v, allowed, scale_qk)
+    x = sharding.constrain_batch(x + L.dense(attn, p["o_proj"], lora.get("o_proj"), scale), mesh)
+    h = L.norm(x, p["mlp_norm"], c)
+    up = L.dense(h, p["up_proj"], lora.get("up_proj"), scale)
+    if c.gated_mlp:
+        up = L.activation(L.dense(h, p["gate_proj"], lora.get("gate_proj"), scale), c.activation) * up
+    else:
+        up = L.activation(up, c.activation)
+    x = sharding.constrain_batch(x + L.dense(up, p["down_proj"], lora.get("down_proj"), scale), mesh)
+    return x, new_kv
+
+
+def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
+                  positions: jax.Array | None = None, cache: KVCache | None = None, cache_index: Any = None,
+                  lora: Lora | None = None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache | None]:
+    """The final-norm hidden states [B, T, H] (what the LM head and value heads read) and the new cache."""
+    input_ids = jnp.asarray(input_ids)
+    attention_mask = jnp.asarray(attention_mask)
+    _check_inputs(config, input_ids, attention_mask, positions, cache, cache_index)
+    if lora is not None and not isinstance(lora, Lora):
+        raise ConfigError(f"lora must be a jaxrl_hier.llm.Lora (from init_lora), got {type(lora).__name__}.")
+    if positions is None:
+        positions = default_positions(attention_mask)
+    positions = jnp.asarray(positions, jnp.int32)
+    b, t = input_ids.shape
+    x = sharding.constrain_batch(_embed(config, params, input_ids, positions), mesh)
+    rope = L.rope_tables(config, positions, x.dtype) if config.rope else None
+
+    if cache is None:
+        q_slots = k_slots = jnp.arange(t)
+    else:
+        cache_index = jnp.asarray(cache_index, jnp.int32)
+        q_slots, k_slots = cache_index + jnp.arange(t), jnp.arange(cache.k.shape[2])
+    offsets = q_slots[:, None] - k_slots[None, :]  # [T, S]
+    allowed = (attention_mask[:, None, :] > 0) & (offsets >= 0)[None]  # causal by slot, valid slots only
+
+    lora_layers = lora.params["layers"] if lora is not None else {}
+    scale = lora.scale if lora is not None else 1.0
+    windows = jnp.asarray(config.windows, jnp.int32)
+
+    def body(x, xs):
+        p, lp, window, kv = xs
+        x, new_kv = _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, cache_index, mesh)
+        return x, new_kv
+
+    kv_xs = None if cache is None else (cache.k, cache.v)
+    x, new_kv = jax.lax.scan(body, x, (params["layers"], lora_layers, windows, kv_xs))
+    x = L.norm(x, params["final_norm"], config)
+    new_cache = None if cache is None else KVCache(*new_kv)
+    return x, new_cache
+
+
+def lm_head(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
+    """Vocabulary logits in float32 (tied models reuse the embedding matrix)."""
+    if config.tie_word_embeddings:
+        kernel = params["embed"]["embedding"].T
+    else:
+        kernel = params["lm_head"]["kernel"]
+    return jnp.matmul(hidden, kernel, preferred_element_type=jnp.float32).astype(jnp.float32)
+
+
+def forward(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
+            positions: jax.Array | None = None, cache: KVCache | None = None, cache_index: Any = None,
+            lora: Lora | None = None, return_hidden: bool = False, mesh: Mesh | None = None) -> tuple:
+    """Logits [B, T, V] (float32) and the new cache (None without one); + hidden [B, T, H] if return_hidden.
+
+    Without a cache: attention_mask [B, T], 1 = real token (left padding allowed); positions default
+    to cumsum(mask) - 1 clipped at 0. With a cache: tokens go to slots cache_index .. cache_index+T-1,
+    attention_mask is [B, max_len] over the slots (1 = valid, including the new ones), attention is
+    causal by slot, and positions must be given. `lora` adds adapters; `mesh` adds sharding
+    constraints on the activations (batch over data x fsdp).
+    """
+    hidden, new_cache = hidden_states(config, params, input_ids, attention_mask, positions=positions, cache=cache,
+                                      cache_index=cache_index, lora=lora, mesh=mesh)
+    logits = lm_head(config, params, hidden)
+    if return_hidden:
+        return logits, new_cache, hidden
+    return logits, new_cache
