@@ -38,11 +38,11 @@ PARAM_RULES: tuple[tuple[str, tuple[Any, ...]], ...] = (
     (r"^(final_norm|embed_norm)/(scale|bias)$", (None,)),
     (r"^pooler/kernel$", ("fsdp", "tensor")),
     (r"^pooler/bias$", ("tensor",)),
-    # LoRA adapters [layers, in, rank] / [layers, rank, out]: split like the weight they adapt
-    (rf"^layers/{_COL}/a$", (None, "fsdp", None)),
-    (rf"^layers/{_COL}/b$", (None, None, "tensor")),
-    (rf"^layers/{_ROW}/a$", (None, "tensor", None)),
-    (rf"^layers/{_ROW}/b$", (None, None, "fsdp")),
+    # LoRA adapters [layers, in, rank] / [layers, rank, out] (under `Lora.params`): split like the weight they adapt
+    (rf"^(params/)?layers/{_COL}/a$", (None, "fsdp", None)),
+    (rf"^(params/)?layers/{_COL}/b$", (None, None, "tensor")),
+    (rf"^(params/)?layers/{_ROW}/a$", (None, "tensor", None)),
+    (rf"^(params/)?layers/{_ROW}/b$", (None, None, "fsdp")),
 )
 
 
