@@ -47,63 +47,64 @@ class KVCache(NamedTuple):
 # ----------------------------------------------------------------------------- parameters
 
 
-def _norm_params(config: ModelConfig, shape: tuple[int, ...], dtype: Any) -> Params:
-    p = {"scale": jnp.ones(shape, dtype)}
+def _norm_params(init: L.Init, config: ModelConfig, shape: tuple[int, ...], dtype: Any) -> Params:
+    p = {"scale": init.ones(shape, dtype)}
     if config.norm == "layer":
-        p["bias"] = jnp.zeros(shape, dtype)
+        p["bias"] = init.zeros(shape, dtype)
     return p
 
 
-def _proj(key: jax.Array, layers: int, fan_in: int, fan_out: int, bias: bool, dtype: Any) -> Params:
-    p = {"kernel": L.normal(key, (layers, fan_in, fan_out), dtype)}
+def _proj(init: L.Init, layers: int, fan_in: int, fan_out: int, bias: bool, dtype: Any) -> Params:
+    p = {"kernel": init.normal((layers, fan_in, fan_out), dtype)}
     if bias:
-        p["bias"] = jnp.zeros((layers, fan_out), dtype)
+        p["bias"] = init.zeros((layers, fan_out), dtype)
     return p
 
 
 def _init_params(config: ModelConfig, key: jax.Array, dtype: Any) -> Params:
-    if not config.is_decoder:
-        raise ConfigError(f"{config.model_type} is an encoder; use jaxrl_hier.llm.encoder.init_params.")
+    """Traceable random init (used for shapes; init_params picks host or device drawing)."""
+    return L.traced_init(lambda init: _build(config, init, dtype), key)
+
+
+def _build(config: ModelConfig, init: L.Init, dtype: Any) -> Params:
     c, n = config, config.num_layers
     q_width, kv_width = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    keys = iter(jax.random.split(key, 10))
     layer: Params = {
-        "attn_norm": _norm_params(c, (n, c.hidden_size), dtype),
-        "q_proj": _proj(next(keys), n, c.hidden_size, q_width, c.qkv_bias, dtype),
-        "k_proj": _proj(next(keys), n, c.hidden_size, kv_width, c.qkv_bias, dtype),
-        "v_proj": _proj(next(keys), n, c.hidden_size, kv_width, c.qkv_bias, dtype),
-        "o_proj": _proj(next(keys), n, q_width, c.hidden_size, c.o_bias, dtype),
-        "mlp_norm": _norm_params(c, (n, c.hidden_size), dtype),
-        "up_proj": _proj(next(keys), n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype),
-        "down_proj": _proj(next(keys), n, c.intermediate_size, c.hidden_size, c.mlp_bias, dtype),
+        "attn_norm": _norm_params(init, c, (n, c.hidden_size), dtype),
+        "q_proj": _proj(init, n, c.hidden_size, q_width, c.qkv_bias, dtype),
+        "k_proj": _proj(init, n, c.hidden_size, kv_width, c.qkv_bias, dtype),
+        "v_proj": _proj(init, n, c.hidden_size, kv_width, c.qkv_bias, dtype),
+        "o_proj": _proj(init, n, q_width, c.hidden_size, c.o_bias, dtype),
+        "mlp_norm": _norm_params(init, c, (n, c.hidden_size), dtype),
+        "up_proj": _proj(init, n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype),
+        "down_proj": _proj(init, n, c.intermediate_size, c.hidden_size, c.mlp_bias, dtype),
     }
     if c.gated_mlp:
-        layer["gate_proj"] = _proj(next(keys), n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype)
+        layer["gate_proj"] = _proj(init, n, c.hidden_size, c.intermediate_size, c.mlp_bias, dtype)
     if c.qk_norm:
-        layer["q_norm"] = {"scale": jnp.ones((n, c.head_dim), dtype)}
-        layer["k_norm"] = {"scale": jnp.ones((n, c.head_dim), dtype)}
+        layer["q_norm"] = {"scale": init.ones((n, c.head_dim), dtype)}
+        layer["k_norm"] = {"scale": init.ones((n, c.head_dim), dtype)}
     params: Params = {
-        "embed": {"embedding": L.normal(next(keys), (c.vocab_size, c.hidden_size), dtype)},
+        "embed": {"embedding": init.normal((c.vocab_size, c.hidden_size), dtype)},
         "layers": layer,
-        "final_norm": _norm_params(c, (c.hidden_size,), dtype),
+        "final_norm": _norm_params(init, c, (c.hidden_size,), dtype),
     }
     if not c.rope:
-        params["pos_embed"] = {"embedding": L.normal(next(keys), (c.max_position_embeddings, c.hidden_size), dtype)}
+        params["pos_embed"] = {"embedding": init.normal((c.max_position_embeddings, c.hidden_size), dtype)}
     if not c.tie_word_embeddings:
-        params["lm_head"] = {"kernel": L.normal(next(keys), (c.hidden_size, c.vocab_size), dtype)}
+        params["lm_head"] = {"kernel": init.normal((c.hidden_size, c.vocab_size), dtype)}
     return params
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None) -> Params:
     """Random weights (N(0, 0.02), unit norms, zero biases) for tests and benchmarks.
 
-    With a mesh every weight is created directly in its shard (never whole on one device).
+    Deterministic in `key`. With a mesh every weight is created directly in its shard.
     """
-    if mesh is None:
-        return jax.jit(_init_params, static_argnums=(0, 2))(config, key, dtype)
-    shapes = jax.eval_shape(lambda k: _init_params(config, k, dtype), key)
-    shardings = sharding.param_shardings(shapes, mesh)
-    return jax.jit(_init_params, static_argnums=(0, 2), out_shardings=shardings)(config, key, dtype)
+    if not config.is_decoder:
+        raise ConfigError(f"{config.model_type} is an encoder; use jaxrl_hier.llm.encoder.init_params.")
+    shardings = None if mesh is None else sharding.param_shardings(param_shapes(config, dtype), mesh)
+    return L.init_tree(lambda init: _build(config, init, dtype), key, shardings)
 
 
 def param_shapes(config: ModelConfig, dtype: Any = jnp.float32) -> Params:
@@ -115,10 +116,10 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.f
                mesh: Mesh | None = None) -> KVCache:
     """An empty cache for `batch` rows of `max_len` slots (batch over data x fsdp, kv heads over tensor)."""
     shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-    k = sharding.constrain(jnp.zeros(shape, dtype), mesh, sharding.cache_spec(mesh, shape)) if mesh else \
-        jnp.zeros(shape, dtype)
-    v = sharding.constrain(jnp.zeros(shape, dtype), mesh, sharding.cache_spec(mesh, shape)) if mesh else \
-        jnp.zeros(shape, dtype)
+    k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+    if mesh is not None:
+        spec = sharding.cache_spec(mesh, shape)
+        k, v = sharding.constrain(k, mesh, spec), sharding.constrain(v, mesh, spec)
     return KVCache(k, v)
 
 

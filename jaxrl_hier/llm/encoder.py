@@ -28,37 +28,38 @@ Params = dict[str, Any]
 def _init_params(config: ModelConfig, key: jax.Array, dtype: Any, pooler: bool = True) -> Params:
     if config.family != "roberta":
         raise ConfigError(f"{config.model_type} is a decoder; use jaxrl_hier.llm.decoder.init_params.")
+    return L.traced_init(lambda init: _build(config, init, dtype, pooler), key)
+
+
+def _build(config: ModelConfig, init: L.Init, dtype: Any, pooler: bool) -> Params:
     c, n, h, i = config, config.num_layers, config.hidden_size, config.intermediate_size
-    keys = iter(jax.random.split(key, 10))
 
     def proj(fan_in: int, fan_out: int) -> Params:
-        return {"kernel": L.normal(next(keys), (n, fan_in, fan_out), dtype), "bias": jnp.zeros((n, fan_out), dtype)}
+        return {"kernel": init.normal((n, fan_in, fan_out), dtype), "bias": init.zeros((n, fan_out), dtype)}
 
     def ln(shape: tuple[int, ...]) -> Params:
-        return {"scale": jnp.ones(shape, dtype), "bias": jnp.zeros(shape, dtype)}
+        return {"scale": init.ones(shape, dtype), "bias": init.zeros(shape, dtype)}
 
     params: Params = {
-        "embed": {"embedding": L.normal(next(keys), (c.vocab_size, h), dtype)},
-        "pos_embed": {"embedding": L.normal(next(keys), (c.max_position_embeddings, h), dtype)},
-        "type_embed": {"embedding": L.normal(next(keys), (c.type_vocab_size, h), dtype)},
+        "embed": {"embedding": init.normal((c.vocab_size, h), dtype)},
+        "pos_embed": {"embedding": init.normal((c.max_position_embeddings, h), dtype)},
+        "type_embed": {"embedding": init.normal((c.type_vocab_size, h), dtype)},
         "embed_norm": ln((h,)),
         "layers": {"q_proj": proj(h, h), "k_proj": proj(h, h), "v_proj": proj(h, h), "o_proj": proj(h, h),
                    "attn_norm": ln((n, h)), "up_proj": proj(h, i), "down_proj": proj(i, h), "mlp_norm": ln((n, h))},
     }
     if pooler:
-        params["pooler"] = {"kernel": L.normal(next(keys), (h, h), dtype), "bias": jnp.zeros((h,), dtype)}
+        params["pooler"] = {"kernel": init.normal((h, h), dtype), "bias": init.zeros((h,), dtype)}
     return params
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None,
                 pooler: bool = True) -> Params:
     """Random RoBERTa weights (N(0, 0.02), unit LayerNorms, zero biases), sharded when a mesh is given."""
-    fn = jax.jit(_init_params, static_argnums=(0, 2, 3))
-    if mesh is None:
-        return fn(config, key, dtype, pooler)
-    shapes = jax.eval_shape(lambda k: _init_params(config, k, dtype, pooler), key)
-    return jax.jit(_init_params, static_argnums=(0, 2, 3),
-                   out_shardings=sharding.param_shardings(shapes, mesh))(config, key, dtype, pooler)
+    if config.family != "roberta":
+        raise ConfigError(f"{config.model_type} is a decoder; use jaxrl_hier.llm.decoder.init_params.")
+    shardings = None if mesh is None else sharding.param_shardings(param_shapes(config, dtype, pooler), mesh)
+    return L.init_tree(lambda init: _build(config, init, dtype, pooler), key, shardings)
 
 
 def param_shapes(config: ModelConfig, dtype: Any = jnp.float32, pooler: bool = True) -> Params:

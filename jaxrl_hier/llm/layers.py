@@ -5,7 +5,7 @@ grouped-query attention. Pure functions over parameter dicts; numerics follow tr
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -111,3 +111,73 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, scal
 
 def normal(key: jax.Array, shape: tuple[int, ...], dtype: Any, std: float = 0.02) -> jax.Array:
     return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+HOST_INIT_MAX = 1 << 24  # models up to 16M weights are drawn on the host
+
+
+class Init:
+    """What a parameter builder needs: normal(shape, dtype) with N(0, std), ones, zeros.
+
+    On the device (`xp` = jax.numpy, one key per array, traced inside a jit whose outputs are
+    created in their shardings) or on the host (`xp` = numpy, a generator seeded by the key):
+    XLA:CPU spends ~30 ms compiling each output of an init program, which small (test) models
+    avoid on the host. Both are deterministic in the key (with different numbers).
+    """
+
+    def __init__(self, key: jax.Array, *, host: bool, count: int = 0, std: float = 0.02) -> None:
+        self.host, self.std = host, std
+        if host:
+            self._rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
+        else:
+            self._keys = iter(jax.random.split(key, max(count, 1)))
+
+    def normal(self, shape: tuple[int, ...], dtype: Any, std: float | None = None) -> Any:
+        """N(0, std) with the builder's default std unless one is given."""
+        std = self.std if std is None else std
+        if self.host:
+            return (std * self._rng.standard_normal(shape, np.float32)).astype(jnp.dtype(dtype))
+        return normal(next(self._keys), shape, dtype, std)
+
+    def ones(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return (np if self.host else jnp).ones(shape, jnp.dtype(dtype))
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return (np if self.host else jnp).zeros(shape, jnp.dtype(dtype))
+
+
+class _Shapes(Init):
+    """Records the normal draws a builder makes (no arrays created)."""
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def normal(self, shape: tuple[int, ...], dtype: Any, std: float | None = None) -> Any:
+        self.shapes.append(tuple(shape))
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    def ones(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    zeros = ones
+
+
+def init_tree(build: Callable[[Init], Any], key: jax.Array, shardings: Any = None, std: float = 0.02) -> Any:
+    """Random parameters from `build(init)`: drawn on the host for small models, else by a jitted
+    program whose outputs are created directly in their shardings (never whole on one device)."""
+    rec = _Shapes()
+    build(rec)
+    if isinstance(key, jax.core.Tracer):  # called under jit / eval_shape: stay traced
+        return build(Init(key, host=False, count=len(rec.shapes), std=std))
+    if sum(int(np.prod(s)) for s in rec.shapes) <= HOST_INIT_MAX:
+        tree = build(Init(key, host=True, std=std))
+        return jax.device_put(tree, shardings) if shardings is not None else jax.device_put(tree)
+    fn = jax.jit(lambda k: build(Init(k, host=False, count=len(rec.shapes), std=std)), out_shardings=shardings)
+    return fn(key)
+
+
+def traced_init(build: Callable[[Init], Any], key: jax.Array) -> Any:
+    """`build` on the device path (for jax.eval_shape and jit)."""
+    rec = _Shapes()
+    build(rec)
+    return build(Init(key, host=False, count=len(rec.shapes)))

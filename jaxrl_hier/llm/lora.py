@@ -20,9 +20,10 @@ from typing import Any, Sequence
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm.layers import normal
+from jaxrl_hier.llm.layers import Init, init_tree, traced_init
 from jaxrl_hier.llm.model_config import ModelConfig
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -84,21 +85,27 @@ def proj_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
 
-def init_lora(config: ModelConfig, lora_config: LoraConfig, key: jax.Array) -> Lora:
-    """a ~ N(0, 1/rank) (as PEFT's Kaiming-uniform scale, Gaussian), b = 0: the adapter starts as identity."""
+def init_lora(config: ModelConfig, lora_config: LoraConfig, key: jax.Array, mesh: Mesh | None = None) -> Lora:
+    """a ~ N(0, 1 / (3 fan_in)) (the variance of PEFT's Kaiming-uniform A), b = 0: the adapter starts
+    as identity. With a mesh the adapters are split like the weights they adapt."""
     if lora_config.rank < 1:
         raise ConfigError(f"LoRA rank must be >= 1, got {lora_config.rank}.")
     dtype = jnp.dtype(lora_config.dtype)
     shapes = proj_shapes(config)
-    layers: dict[str, Any] = {}
     targets = resolve_targets(config, lora_config.target_modules)
-    for name, k in zip(targets, jax.random.split(key, len(targets))):
-        fan_in, fan_out = shapes[name]
-        layers[name] = {
-            "a": normal(k, (config.num_layers, fan_in, lora_config.rank), dtype, std=lora_config.rank**-0.5),
-            "b": jnp.zeros((config.num_layers, lora_config.rank, fan_out), dtype),
-        }
-    return Lora({"layers": layers}, scale=float(lora_config.scale))
+    rank, n = lora_config.rank, config.num_layers
+
+    def build(init: Init) -> dict[str, Any]:
+        return {"layers": {name: {"a": init.normal((n, shapes[name][0], rank), dtype, std=(3 * shapes[name][0]) ** -0.5),
+                                  "b": init.zeros((n, rank, shapes[name][1]), dtype)}
+                           for name in targets}}
+
+    shardings = None
+    if mesh is not None:
+        from jaxrl_hier.llm.sharding import param_shardings
+
+        shardings = param_shardings(jax.eval_shape(lambda k: traced_init(build, k), key), mesh)
+    return Lora(init_tree(build, key, shardings), scale=float(lora_config.scale))
 
 
 def merge_lora(params: dict[str, Any], lora: Lora | None, config: ModelConfig | None = None) -> dict[str, Any]:
