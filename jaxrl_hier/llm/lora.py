@@ -25,6 +25,7 @@ from jax.sharding import Mesh
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.layers import Init, init_tree, traced_init
 from jaxrl_hier.llm.model_config import ModelConfig
+from jaxrl_hier.llm.sharding import param_shardings
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ALIASES = {
@@ -96,20 +97,24 @@ def init_lora(config: ModelConfig, lora_config: LoraConfig, key: jax.Array, mesh
     rank, n = lora_config.rank, config.num_layers
 
     def build(init: Init) -> dict[str, Any]:
-        return {"layers": {name: {"a": init.normal((n, shapes[name][0], rank), dtype, std=(3 * shapes[name][0]) ** -0.5),
-                                  "b": init.zeros((n, rank, shapes[name][1]), dtype)}
-                           for name in targets}}
+        layers = {}
+        for name in targets:
+            fan_in, fan_out = shapes[name]
+            layers[name] = {"a": init.normal((n, fan_in, rank), dtype, std=(3 * fan_in) ** -0.5),
+                            "b": init.zeros((n, rank, fan_out), dtype)}
+        return {"layers": layers}
 
     shardings = None
     if mesh is not None:
-        from jaxrl_hier.llm.sharding import param_shardings
-
         shardings = param_shardings(jax.eval_shape(lambda k: traced_init(build, k), key), mesh)
     return Lora(init_tree(build, key, shardings), scale=float(lora_config.scale))
 
 
 def merge_lora(params: dict[str, Any], lora: Lora | None, config: ModelConfig | None = None) -> dict[str, Any]:
-    """Base params with every adapter folded in: kernel + scale * a @ b (same dtype as the kernel)."""
+    """Base params with every adapter folded in: kernel + scale * a @ b (same dtype as the kernel).
+
+    `config` is accepted for symmetry with the other model functions; the shapes come from the trees.
+    """
     if lora is None:
         return params
     layers = dict(params["layers"])

@@ -160,3 +160,24 @@ def test_random_model_saves_as_a_transformers_checkpoint(tmp_path):
     with torch.no_grad():
         ref = back(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(np.asarray(lm.logits(lm.params, ids, np.ones_like(ids))), ref, atol=1e-5)
+
+
+def test_gpt2_hub_layout_without_prefix_and_with_buffers(tmp_path):
+    """The gpt2 / DialoGPT hub files name tensors without 'transformer.' and carry attn.bias buffers."""
+    torch.manual_seed(3)
+    cfg = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=32)
+    model = _redraw(transformers.GPT2LMHeadModel(cfg)).eval()
+    model.save_pretrained(tmp_path / "std")
+    with safe_open(tmp_path / "std" / "model.safetensors", "np") as f:
+        tensors = {k.removeprefix("transformer."): f.get_tensor(k) for k in f.keys()}
+    for i in range(2):
+        tensors[f"h.{i}.attn.bias"] = np.tril(np.ones((1, 1, 32, 32), np.float32))  # old causal-mask buffer
+    (tmp_path / "hub").mkdir()
+    save_file(tensors, tmp_path / "hub" / "model.safetensors", metadata={"format": "pt"})
+    cfg.save_pretrained(tmp_path / "hub")
+    lm = load_pretrained(tmp_path / "hub")
+    assert lm.weight_prefix == ""
+    ids = np.array([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        ref = model(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(lm.logits(lm.params, ids, np.ones_like(ids))), ref, atol=1e-4, rtol=1e-4)

@@ -13,7 +13,6 @@ import pytest
 import transformers
 
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_hier.config import ConfigError
