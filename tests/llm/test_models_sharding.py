@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import transformers
@@ -120,9 +121,11 @@ SUBPROCESS = textwrap.dedent(r"""
 
 @pytest.fixture(scope="module")
 def multi_device_results():
+    root = str(Path(__file__).resolve().parents[2])  # this checkout, not some other installed copy
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
-               HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, "-c", SUBPROCESS], env=env, capture_output=True, text=True, timeout=600)
+               HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", SUBPROCESS], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(li for li in proc.stdout.splitlines() if li.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
