@@ -27,14 +27,9 @@ Reset schemes (`reset_mode`):
 - "none": never reset (finished envs keep stepping their final state). Only a throughput bound for
   benchmarks, not for training.
 
-Branches (the pool refill, the overflow reset) are `lax.while_loop`s run zero times or once,
-not `lax.cond`s: under `vmap` (e.g. over seeds) a `lax.cond` with a batched predicate becomes a
-`select` that computes both branches on every step -- an N-env reset per step, slower than
-"auto" -- whereas a batched `while_loop` runs its body only when some instance needs it, and
-keeps the old carry for the others. So a vmapped VecEnv refills when any instance is short, at
-the cost of one batched refill for all. A trainer may also pass its vmapped axis names as
-`sync_axes`: the predicates are then reduced (any) over those axes explicitly. Either way only
-an instance that needs fresh worlds takes them, so results do not depend on the grouping.
+Branches are `lax.cond`s. Under `vmap` a cond with a batched predicate runs both branches, so the
+trainer passes its vmapped axis names as `sync_axes`: the predicate is then reduced (any) over
+those axes and stays a scalar, and the refill runs for every instance when any needs it.
 """
 
 from __future__ import annotations
@@ -70,7 +65,7 @@ class VecEnv:
     env: Any
     params: Any
     num_envs: int
-    reset_mode: str = "auto"
+    reset_mode: str = "pool"
     reset_ratio: int = 16
     pool_size: int = 0  # 0: 2 * max_resets_per_step
     max_resets_per_step: int = 0  # 0: num_envs // reset_ratio (at least 1)
@@ -105,22 +100,12 @@ class VecEnv:
     def _reset_many(self, key: jax.Array, n: int):
         return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, n), self.params)
 
-    def _run_if(self, pred: jax.Array, fn, x: Any) -> Any:
-        """`fn(x)` where `pred`, else `x`: a real branch, also under vmap (see the module docstring).
-
-        A `while_loop` that runs once or not at all; vmapped with a batched predicate it runs
-        its body when any instance needs it and keeps the others' carry, where a `lax.cond`
-        would compute both branches on every step.
-        """
+    def _any(self, pred: jax.Array) -> jax.Array:
+        """`pred` reduced over the caller's vmapped axes, so that lax.cond stays a real branch."""
         pred = pred.astype(jnp.int32)
         for axis in self.sync_axes:
             pred = jax.lax.pmax(pred, axis)
-
-        def body(carry):
-            value, _ = carry
-            return fn(value), jnp.bool_(False)
-
-        return jax.lax.while_loop(lambda carry: carry[1], body, (x, pred > 0))[0]
+        return pred > 0
 
     # ------------------------------------------------------------------ API
     def reset(self, key: jax.Array) -> tuple[Any, VecState]:
@@ -184,16 +169,16 @@ class VecEnv:
         short = vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step)
 
         def refill(v: VecState) -> VecState:
-            # The branch may run because another instance is short (sync_axes); only a pool
-            # that is short itself takes the fresh worlds, so results do not depend on how envs
-            # are grouped.
+            # The branch may run because another vmapped instance is short (sync_axes); only a
+            # pool that is short itself takes the fresh worlds, so results do not depend on
+            # how envs are grouped.
             fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
             keep = v.pool_valid | ~short
             return v.replace(pool_obs=_where(keep, v.pool_obs, fresh_obs),
                              pool_state=_where(keep, v.pool_state, fresh_state),
                              pool_valid=v.pool_valid | short)
 
-        return self._run_if(short, refill, vstate)
+        return jax.lax.cond(self._any(short), refill, lambda v: v, vstate)
 
     def _take_from_pool(self, vstate: VecState, obs, done):
         """Hand distinct pool worlds to (up to `resets_per_step`) finished envs, in env order.
@@ -223,10 +208,10 @@ class VecEnv:
             fresh_obs, fresh_state = self._reset_many(key, self.num_envs)
             return _where(pending, fresh_obs, o), v.replace(env_state=_where(pending, fresh_state, v.env_state))
 
-        return self._run_if(pending.any(), reset_pending, (obs, vstate))
+        return jax.lax.cond(self._any(pending.any()), reset_pending, lambda a: a, (obs, vstate))
 
 
-def make_vec_env(env, params, num_envs: int, reset_mode: str = "auto", reset_ratio: int = 16, *,
+def make_vec_env(env, params, num_envs: int, reset_mode: str = "pool", reset_ratio: int = 16, *,
                  pool_size: int = 0, max_resets_per_step: int = 0, sync_axes: tuple[str, ...] = ()) -> VecEnv:
     """N copies of `env` stepped together; see the module docstring for the reset schemes."""
     if reset_mode not in RESET_MODES:
