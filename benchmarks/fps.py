@@ -14,6 +14,10 @@ Modes:
 - vectorized: `vmap` over N envs inside one `lax.scan`, random actions, for each reset scheme
   (`none` is the no-reset upper bound).
 - sharded: the same program under `jax.shard_map` over every local device (envs split).
+Each timed call continues from the env state of the previous one. `--warmup-steps W` first runs
+W untimed steps so that episodes end at the policy's stationary rate: from a fresh reset almost
+no Craftax random-policy episode ends in the first ~140 steps, so the reset schemes' refills
+would not be exercised. Records carry `episodes_timed` (episodes that ended in the timed calls).
 Workloads: `env` (stepping alone) and `ppo` (the whole PPO update: rollout, GAE, epochs).
 """
 
@@ -53,20 +57,6 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
-def timed(fn, *args, repeats: int = 2):
-    """(compile seconds, best steady-state seconds) of a jitted function."""
-    t0 = time.perf_counter()
-    compiled = fn.lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))  # warm-up run
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
-    return compile_s, best
-
-
 # ---------------------------------------------------------------------------- env stepping
 def sequential(env_name: str, steps: int, auto_reset: bool = False) -> dict:
     """One env stepped from Python; reset in Python when an episode ends."""
@@ -103,7 +93,30 @@ def sequential(env_name: str, steps: int, auto_reset: bool = False) -> dict:
             "run_s": run_s, "steps": steps}
 
 
-def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharded: bool = False) -> dict:
+def timed_chained(fn, key, vstate, warmup_calls: int, repeats: int = 2):
+    """Like `timed`, but each call continues from the env state the previous one returned.
+
+    `fn(key, vstate) -> (vstate, total_reward, episodes)`. The first `warmup_calls` calls are
+    not timed: starting from a fresh reset almost no episode ends (Craftax random-policy
+    episodes last 140-390 steps), so without warm-up the reset schemes' refills never run.
+    Returns (compile s, best call s, episodes that ended in the timed calls).
+    """
+    t0 = time.perf_counter()
+    compiled = fn.lower(key, vstate).compile()
+    compile_s = time.perf_counter() - t0
+    for i in range(max(warmup_calls, 1)):  # at least one un-timed call (first-run overheads)
+        vstate, _, _ = jax.block_until_ready(compiled(jax.random.fold_in(key, i), vstate))
+    best, episodes = math.inf, 0
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        vstate, _, eps = jax.block_until_ready(compiled(jax.random.fold_in(key, 10_000 + i), vstate))
+        best = min(best, time.perf_counter() - t0)
+        episodes += int(eps)
+    return compile_s, best, episodes
+
+
+def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharded: bool = False,
+               warmup_steps: int = 0) -> dict:
     env, params = make(env_name)
     devices = jax.device_count() if sharded else 1
     per_device = num_envs // devices
@@ -112,14 +125,17 @@ def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharde
 
     def rollout(key, vstate):
         def body(carry, k):
-            vstate, total = carry
+            vstate, total, episodes = carry
             k_act, k_env = jax.random.split(k)
             action = jax.random.randint(k_act, (per_device,), 0, n_actions)
-            _, vstate, reward, *_ = vec.step(k_env, vstate, action)
-            return (vstate, total + reward.sum()), None
+            _, vstate, reward, terminated, truncated, info = vec.step(k_env, vstate, action)
+            # Episodes that ended (with reset_mode "none" a dead env counts again every step).
+            ended = info["returned_episode"].sum(dtype=jnp.int32)
+            return (vstate, total + reward.sum(), episodes + ended), None
 
-        (vstate, total), _ = jax.lax.scan(body, (vstate, jnp.float32(0)), jax.random.split(key, steps))
-        return vstate, total
+        init = (vstate, jnp.float32(0), jnp.int32(0))
+        (vstate, total, episodes), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
+        return vstate, total, episodes
 
     if sharded:
         mesh = jax.make_mesh((devices,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -130,18 +146,23 @@ def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharde
         keys = jax.device_put(keys, NamedSharding(mesh, P("data", None)))
 
         def per_shard(k, v):
-            v, total = rollout(k[0], jax.tree.map(lambda x: x[0], v))
-            return jax.tree.map(lambda x: x[None], v), jax.lax.psum(total, "data")
+            v, total, episodes = rollout(k[0], jax.tree.map(lambda x: x[0], v))
+            return jax.tree.map(lambda x: x[None], v), jax.lax.psum(total, "data"), jax.lax.psum(episodes, "data")
 
-        fn = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data", None), spec), out_specs=(spec, P()),
-                                   check_vma=False))
-        compile_s, run_s = timed(fn, keys, vstate)
+        fn = jax.jit(jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data", None), spec),
+                                   out_specs=(spec, P(), P()), check_vma=False))
+        # One key per device; each call folds in its own index.
+        fn_keyed = jax.jit(lambda key, v: fn(jax.device_put(jax.random.split(key, devices),
+                                                            NamedSharding(mesh, P("data", None))), v))
+        compile_s, run_s, episodes = timed_chained(fn_keyed, jax.random.PRNGKey(1), vstate, -(-warmup_steps // steps))
     else:
         _, vstate = jax.jit(vec.reset)(jax.random.PRNGKey(0))
-        compile_s, run_s = timed(jax.jit(rollout), jax.random.PRNGKey(1), vstate)
+        compile_s, run_s, episodes = timed_chained(jax.jit(rollout), jax.random.PRNGKey(1), vstate,
+                                                   -(-warmup_steps // steps))
     return {"mode": "sharded" if sharded else "vectorized", "workload": "env", "num_envs": num_envs,
             "reset_mode": reset_mode, "fps": num_envs * steps / run_s, "compile_s": compile_s, "run_s": run_s,
-            "steps": num_envs * steps, "devices": devices}
+            "steps": num_envs * steps, "devices": devices, "warmup_steps": warmup_steps,
+            "episodes_timed": episodes}
 
 
 # ---------------------------------------------------------------------------- full PPO
@@ -173,10 +194,11 @@ def write_outputs(records: list[dict], out: Path, title: str) -> None:
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
     atomic_write_json(out / "fps.json", records)
-    lines = ["| workload | mode | reset | num_envs | steps/s | compile s |", "|---|---|---|---:|---:|---:|"]
+    lines = ["| workload | mode | reset | num_envs | steps/s | compile s | warm-up steps | episodes ended (timed) |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in records:
         lines.append(f"| {r['workload']} | {r['mode']} | {r['reset_mode']} | {r['num_envs']} | {r['fps']:,.0f} | "
-                     f"{r['compile_s']:.1f} |")
+                     f"{r['compile_s']:.1f} | {r.get('warmup_steps', '')} | {r.get('episodes_timed', '')} |")
     info = records[0] if records else {}
     lines.append("")
     lines.append(f"{title}; device {info.get('device')}, jax {info.get('jax')}, {info.get('cpu_count')} CPU cores.")
@@ -213,17 +235,21 @@ def main(argv=None) -> int:
     parser.add_argument("--num-envs", type=int, nargs="*", default=None, help="override the num_envs sweep")
     parser.add_argument("--steps", type=int, default=None, help="scan steps per timed vectorized call")
     parser.add_argument("--hidden", type=int, default=512, help="PPO network width")
+    parser.add_argument("--warmup-steps", type=int, default=0,
+                        help="env steps run (untimed) before the vectorized timing, so that episodes end at the "
+                             "policy's stationary rate (Craftax random policy: ~400)")
+    parser.add_argument("--modes", nargs="*", default=None, help="override the reset schemes swept")
     args = parser.parse_args(argv)
 
     gpu = jax.devices()[0].platform != "cpu"
     if args.quick:
         sweep = args.num_envs or [256]
-        modes = ["none", "pool"]  # the with/without-resets comparison; each extra mode is ~50 s of compile
+        modes = args.modes or ["none", "pool"]  # with/without resets; each extra mode is ~50 s of compile
         seq_steps, steps = 300, args.steps or 32
         ppo_sweep = [256]
     else:
         sweep = args.num_envs or ([1, 16, 64, 256, 1024, 4096] if gpu else [1, 64, 256, 1024])
-        modes = ["none", "auto", "optimistic", "pool"]
+        modes = args.modes or ["none", "auto", "optimistic", "pool"]
         seq_steps, steps = 1000, args.steps or 64
         ppo_sweep = [256, 1024, 4096] if gpu else [256, 1024]
     info = device_info()
@@ -246,9 +272,9 @@ def main(argv=None) -> int:
             for mode in modes:
                 if mode == "auto" and n > 256 and not gpu:
                     continue  # a reset per env per step: minutes per point on a CPU
-                add(vectorized(args.env, n, mode, steps))
+                add(vectorized(args.env, n, mode, steps, warmup_steps=args.warmup_steps))
     if args.workload in ("sharded", "all") and (jax.device_count() > 1 or not args.quick):
-        add(vectorized(args.env, max(sweep), "pool", steps, sharded=True))
+        add(vectorized(args.env, max(sweep), "pool", steps, sharded=True, warmup_steps=args.warmup_steps))
     if args.workload in ("ppo", "all"):
         for n in ppo_sweep:
             add(ppo(args.env, n, 16 if not gpu else 64, 2, "pool", args.hidden))
