@@ -204,6 +204,19 @@ def _check(input_ids: Any, attention_mask: Any, max_new_tokens: int, temperature
         raise ConfigError("every prompt needs at least one token with attention_mask 1.")
 
 
+def _check_positions(lm: Any, attention_mask: Any, max_new_tokens: int) -> None:
+    """Learned position tables (GPT-2) have no row past max_position_embeddings: a gather there
+    would silently clamp and give wrong logits, so refuse before compiling. RoPE models go on."""
+    c = getattr(lm, "config", None)
+    if c is None or getattr(c, "rope", True):
+        return
+    longest = int(np.asarray(attention_mask).sum(-1).max()) + int(max_new_tokens)
+    if longest > c.max_position_embeddings:
+        raise ConfigError(f"a prompt of {longest - max_new_tokens} tokens plus max_new_tokens={max_new_tokens} needs "
+                          f"{longest} positions, but this model has max_position_embeddings="
+                          f"{c.max_position_embeddings}; shorten the prompt or max_new_tokens.")
+
+
 def generate(lm: Any, params: Any, input_ids: Any, attention_mask: Any, *, key: jax.Array, max_new_tokens: int,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              eos_token_id: int | Sequence[int] | None = None, lora: Any = None, pad_token_id: int = 0,
@@ -214,6 +227,7 @@ def generate(lm: Any, params: Any, input_ids: Any, attention_mask: Any, *, key: 
     fall in one bucket reuse one compiled program. Greedy when temperature == 0.
     """
     _check(input_ids, attention_mask, max_new_tokens, temperature, top_k, top_p)
+    _check_positions(lm, attention_mask, max_new_tokens)
     length = bucket_length(np.shape(input_ids)[1], buckets, min_bucket)
     ids, mask = left_pad(input_ids, attention_mask, length, pad_token_id)
     greedy = temperature == 0
@@ -232,13 +246,16 @@ def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_m
     logits, _ = _call(lm, params, input_ids, attention_mask, lora, positions=_positions(attention_mask))
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
     picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
-    return picked * attention_mask[:, 1:]
+    # Entry j is a real prediction only when both its context token j and its target j+1 are real
+    # (the first real token of a left-padded row has no real context).
+    return picked * (attention_mask[:, :-1] * attention_mask[:, 1:])
 
 
 def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lora: Any = None) -> jax.Array:
-    """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1], 0 where attention_mask is 0.
+    """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1].
 
-    Entry j scores token input_ids[:, j + 1]. Left-padded rows are fine (positions follow the mask).
+    Entry j scores token input_ids[:, j + 1]; it is 0 unless tokens j and j + 1 both have
+    attention_mask 1 (so a left-padded row's first real token, which has no context, scores 0). Left-padded rows are fine (positions follow the mask).
     Differentiable in params and lora; call it inside your own jit (it is traced, not jitted here).
     """
     ids = jnp.asarray(input_ids, jnp.int32)

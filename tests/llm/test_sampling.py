@@ -212,7 +212,7 @@ def test_teacher_forced_logprobs_match_transformers_and_cached_sampler(hf_pair):
         logits = model(torch.tensor(full_ids), attention_mask=torch.tensor(full_mask),
                        position_ids=torch.tensor(pos)).logits.float()
     ref = torch.log_softmax(logits[:, :-1], -1).gather(-1, torch.tensor(full_ids[:, 1:])[..., None])[..., 0]
-    ref = ref.numpy() * full_mask[:, 1:]
+    ref = ref.numpy() * full_mask[:, :-1] * full_mask[:, 1:]  # a real target with real context
     got = np.asarray(sampling.token_logprobs(lm, lm.params, full_ids, full_mask))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
@@ -227,3 +227,22 @@ def test_eos_stops_rows_on_real_model(hf_pair):
     stop = int(np.flatnonzero(free[1] == eos)[0]) + 1
     assert np.asarray(out.mask[1]).sum() == stop
     np.testing.assert_array_equal(np.asarray(out.tokens[1, stop:]), 0)
+
+
+def test_learned_position_table_overflow_is_refused_and_first_real_token_scores_zero():
+    import transformers
+
+    from jaxrl_hier.llm import LanguageModel
+
+    gpt2 = LanguageModel.random(transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4,
+                                                        n_positions=16), jax.random.key(0))
+    ids = np.array([[0, 0, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]], np.int32)
+    mask = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], np.int32)
+    # 6 real tokens + 11 new = 17 positions > 16 rows: refused before anything compiles.
+    with pytest.raises(ConfigError, match="max_position_embeddings=16"):
+        sampling.generate(gpt2, gpt2.params, ids, mask, key=jax.random.key(1), max_new_tokens=11)
+    assert sampling.generate(gpt2, gpt2.params, ids, mask, key=jax.random.key(1), max_new_tokens=10,
+                             temperature=0.0).tokens.shape == (2, 10)
+    lp = np.asarray(sampling.token_logprobs(gpt2, gpt2.params, ids, mask))
+    assert lp[0, :2].tolist() == [0.0, 0.0]  # pads and the first real token (no real context)
+    assert np.all(lp[0, 2:] < 0) and np.all(lp[1] < 0)
