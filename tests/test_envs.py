@@ -216,3 +216,17 @@ def test_craftax_smoke_and_done_split():
     assert bool(info["returned_episode"][0]) and int(info["reset_slot"][0]) >= 0
     assert int(vstate.env_state.timestep[0]) == 0  # env 0 got a fresh world
     assert info["achievements"].shape == (4, 22)
+
+
+def test_techtree_egocentric_view_centres_the_player():
+    env, params = make("TechTree-v0")
+    grid = jnp.zeros((7, 7), jnp.int32).at[0, 0].set(tt.TREE).at[1, 0].set(tt.STONE)
+    state = tt.TechTreeState(jnp.array([0, 0], jnp.int32), grid, jnp.zeros(7, jnp.int32), jnp.zeros(8, bool),
+                             jnp.int32(0))
+    obs = env._obs(state, params)
+    assert obs.shape == env.observation_space(params).shape == (13 * 13 * 7 + 7,)
+    view = obs[:-7].reshape(13, 13, 7).argmax(-1)
+    assert view[6, 6] == tt.TREE and view[7, 6] == tt.STONE and view[6, 7] == tt.GRASS  # player at the centre
+    assert view[5, 6] == len(tt.TILES) and view[6, 5] == len(tt.TILES)  # above and left: off the map
+    flat, _ = make("TechTree-v0", egocentric=False)[0].reset(jax.random.key(0), make("TechTree-v0", egocentric=False)[1])
+    assert flat.shape == (350,)

@@ -38,6 +38,10 @@ class TechTreeParams:
     num_stone: int = struct.field(pytree_node=False, default=4)
     num_iron: int = struct.field(pytree_node=False, default=2)
     num_diamonds: int = struct.field(pytree_node=False, default=1)
+    # Egocentric view: the map as seen from the player (a (2 size - 1)^2 window centred on it, cells
+    # off the map in their own channel), as Craftax's local view. A policy learns "walk to the
+    # nearest tree" from it far faster than from a global map plus a position plane.
+    egocentric: bool = struct.field(pytree_node=False, default=True)
 
 
 @struct.dataclass
@@ -136,13 +140,22 @@ class TechTree(Environment):
         return jax.lax.dynamic_slice(padded, (pos[0], pos[1]), (3, 3)).any()
 
     def _obs(self, state, params):
+        inv = jnp.minimum(state.inventory, 5).astype(jnp.float32) / 5.0
+        if params.egocentric:
+            n = params.size
+            # Pad with an "outside" tile id, then cut the window whose centre is the player.
+            padded = jnp.pad(state.grid, n - 1, constant_values=len(TILES))
+            view = jax.lax.dynamic_slice(padded, (state.pos[0], state.pos[1]), (2 * n - 1, 2 * n - 1))
+            return jnp.concatenate([jax.nn.one_hot(view, len(TILES) + 1, dtype=jnp.float32).reshape(-1), inv])
         grid = jax.nn.one_hot(state.grid, len(TILES), dtype=jnp.float32).reshape(-1)
         where = jnp.zeros((params.size, params.size), jnp.float32).at[state.pos[0], state.pos[1]].set(1.0).reshape(-1)
-        inv = jnp.minimum(state.inventory, 5).astype(jnp.float32) / 5.0
         return jnp.concatenate([grid, where, inv])
 
     def observation_space(self, params):
-        dim = params.size * params.size * (len(TILES) + 1) + len(ITEMS)
+        if params.egocentric:
+            dim = (2 * params.size - 1) ** 2 * (len(TILES) + 1) + len(ITEMS)
+        else:
+            dim = params.size * params.size * (len(TILES) + 1) + len(ITEMS)
         return Box(0.0, 1.0, (dim,), jnp.float32)
 
     def action_space(self, params):
