@@ -227,10 +227,11 @@ class PPO:
     def apply(self, params, extra, obs):
         return self.network.apply({"params": params, **extra}, obs)
 
-    def _init_one(self, key: jax.Array, extra: dict) -> RunnerState:
+    def _init_one(self, key: jax.Array, extra: dict, env_params: Any = None) -> RunnerState:
         """The runner state of one seed (no seed axis)."""
+        env_params = self.env_params if env_params is None else env_params
         key, k_net, k_env = jax.random.split(key, 3)
-        vec = self.vec_env(self.env_params)
+        vec = self.vec_env(env_params)
         shard_keys = jax.random.split(k_env, self.num_shards)
         obs, env_state = jax.vmap(vec.reset)(shard_keys)
         sample_obs = jax.tree.map(lambda x: x[0, :1], obs)
@@ -238,7 +239,7 @@ class PPO:
         params = variables["params"]
         extra = {**{k: v for k, v in variables.items() if k != "params"}, **extra}
         opt_state = self.optimizer().init(params)
-        runner = RunnerState(TrainState(params, opt_state), env_state, obs, self.env_params, extra, key, jnp.int32(0))
+        runner = RunnerState(TrainState(params, opt_state), env_state, obs, env_params, extra, key, jnp.int32(0))
         # Envs build some state from Python scalars (weakly typed); the updated state is strongly
         # typed, and jit caches on weak types, so make them strong now or chunk 2 recompiles.
         return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), runner)
@@ -251,6 +252,13 @@ class PPO:
         # run) only materialises its own env shards.
         out_shardings = self.shardings(jax.eval_shape(init, seed_keys))
         return jax.jit(init, out_shardings=out_shardings)(seed_keys)
+
+    def init_per_seed(self, seed_keys: jax.Array, extra_variables: dict, env_params: Any) -> RunnerState:
+        """Initial state where each seed has its own extra variables and env params (leading axis
+        `num_seeds` on all three): the skills trainer runs a different skill in every seed slot."""
+        init = jax.vmap(self._init_one)
+        out_shardings = self.shardings(jax.eval_shape(init, seed_keys, extra_variables, env_params))
+        return jax.jit(init, out_shardings=out_shardings)(seed_keys, extra_variables, env_params)
 
     def shardings(self, runner: RunnerState) -> RunnerState:
         """Env state and obs split over the `data` axis on their shard axis (axis 1); rest replicated."""
