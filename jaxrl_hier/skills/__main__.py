@@ -1,0 +1,5 @@
+import sys
+
+from jaxrl_hier.skills.cli import main
+
+sys.exit(main())

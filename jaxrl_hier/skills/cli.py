@@ -1,0 +1,183 @@
+"""`python -m jaxrl_hier.skills run | status | resume`.
+
+    python -m jaxrl_hier.skills run --config configs/skills_craftax_classic.yaml --output-dir DIR [key=value ...]
+    python -m jaxrl_hier.skills status DIR
+    python -m jaxrl_hier.skills resume DIR
+
+Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
+before anything compiles. `run` and `resume` exit 0 when the target skill completed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from jaxrl_hier.config import ConfigError, load_config, save_config
+from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.state import STATE_FILE, SchedulerState, load_state
+
+CONFIG_FILE = "config.yaml"
+
+
+def build_catalog(config: SkillsConfig):
+    """The skills the planner knows and whose Python predicates the env compiles."""
+    from jaxrl_hier.skills.library import builtin_library, default_library_for
+    from jaxrl_hier.skills.spec import load_skills_yaml
+
+    name = config.library or default_library_for(config.env)
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        return load_skills_yaml(name)
+    return builtin_library(name)
+
+
+def build_generator(config: SkillsConfig, catalog):
+    from jaxrl_hier.skills.generators import TechTreePlanner
+
+    if config.generator == "planner":
+        planner = TechTreePlanner(catalog)
+        planner.targets(config.target)  # an unknown target is a config error, found now
+        return planner
+    if config.generator == "openai":
+        from jaxrl_hier.skills.llm_generator import OpenAIChatGenerator
+
+        try:
+            return OpenAIChatGenerator(config.llm_base_url, config.llm_model, api_key_env=config.llm_api_key_env,
+                                       timeout_s=config.llm_timeout_s, max_retries=config.llm_max_retries)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    from jaxrl_hier.skills.llm_generator import LocalLLMGenerator
+
+    if not Path(config.llm_path).is_dir():
+        raise ConfigError(f"llm_path {config.llm_path} is not a directory; give a local Hugging Face model "
+                          "directory (nothing is downloaded).")
+    return LocalLLMGenerator(config.llm_path)
+
+
+def check_config(config: SkillsConfig):
+    """Everything that can be checked before compiling: library, target, quantities."""
+    from jaxrl_hier.envs import make
+    from jaxrl_hier.skills.trainer import quantities_for
+
+    catalog = build_catalog(config)
+    env, _ = make(config.env)
+    catalog.check_quantities(quantities_for(env, catalog))
+    if config.target != "all" and config.generator == "planner" and config.target not in catalog:
+        raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
+    return catalog
+
+
+def _progress(enabled: bool):
+    start = time.monotonic()
+
+    def show(state: SchedulerState) -> None:
+        if not enabled:
+            return
+        running = ", ".join(f"{r.name} {_rate(r.success_rate)} ({r.steps:,} steps)" for r in state.by_status("running"))
+        done = len(state.by_status("completed"))
+        gen = state.generation + (f" ({state.generation_reason})" if state.generation_reason else "")
+        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.monotonic() - start))
+        print(f"[round {state.round} {elapsed}] running: {running or '-'} | completed {done}/{len(state.skills)} | "
+              f"generation {gen}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def status_table(state: SchedulerState) -> str:
+    rows = [("id", "skill", "status", "requires", "success", "steps", "time", "note")]
+    for r in state.skills:
+        rows.append((str(r.id), r.name, r.status + (f" (slot {r.slot})" if r.slot is not None else ""),
+                     ", ".join(r.spec.get("requires", [])) or "-", _rate(r.success_rate), f"{r.total_steps:,}",
+                     time.strftime("%H:%M:%S", time.gmtime(r.wall_s)), r.reason))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append(f"target {state.target}; round {state.round}; generation {state.generation}"
+                 + (f": {state.generation_reason}" if state.generation_reason else ""))
+    return "\n".join(lines)
+
+
+def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, progress: bool) -> int:
+    from jaxrl_hier.skills.scheduler import Scheduler
+    from jaxrl_hier.skills.trainer import SkillTrainer
+
+    generator = build_generator(config, catalog)
+    trainer = SkillTrainer(config, catalog)
+    scheduler = Scheduler(config, output_dir, trainer, generator, catalog, progress=_progress(progress))
+    state = scheduler.run(resume=resume)
+    print(status_table(state))
+    target_done = (all(r.status == "completed" for r in state.skills) if state.target == "all"
+                   else any(r.name == state.target and r.status == "completed" for r in state.skills))
+    return 0 if target_done else 1
+
+
+def cmd_run(args) -> int:
+    config = load_config(SkillsConfig, args.config, args.overrides)
+    out = Path(args.output_dir)
+    if (out / STATE_FILE).exists():
+        raise ConfigError(f"{out} already holds a skills run; continue it with `python -m jaxrl_hier.skills resume "
+                          f"{out}` or choose a new --output-dir.")
+    catalog = check_config(config)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / CONFIG_FILE)
+    return _execute(config, catalog, out, resume=False, progress=not args.no_progress)
+
+
+def cmd_resume(args) -> int:
+    out = Path(args.output_dir)
+    load_state(out)  # a missing or corrupt state file is refused before anything compiles
+    if not (out / CONFIG_FILE).is_file():
+        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
+    config = load_config(SkillsConfig, out / CONFIG_FILE)
+    catalog = check_config(config)
+    return _execute(config, catalog, out, resume=True, progress=not args.no_progress)
+
+
+def cmd_status(args) -> int:
+    print(status_table(load_state(Path(args.output_dir))))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jaxrl_hier.skills", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start a skills run")
+    run.add_argument("--config", required=True, help="a skills YAML config (configs/skills_*.yaml)")
+    run.add_argument("--output-dir", required=True)
+    run.add_argument("--no-progress", action="store_true")
+    run.add_argument("overrides", nargs="*", help="key=value overrides of the config")
+    status = sub.add_parser("status", help="print the skills table of a run directory")
+    status.add_argument("output_dir")
+    resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
+    resume.add_argument("output_dir")
+    resume.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    # Our own lines at INFO; libraries (Orbax logs every save at INFO through absl) at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("jaxrl_hier").setLevel(logging.INFO)
+    try:
+        return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[args.command](args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:
+        from jaxrl_hier.checkpointing.checkpoints import CheckpointError
+
+        if isinstance(err, CheckpointError):
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        raise
+
+

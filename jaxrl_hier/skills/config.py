@@ -1,0 +1,92 @@
+"""The skills run config: a frozen dataclass loaded from YAML (`configs/skills_*.yaml`), validated
+at load so that a bad value stops the run before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxrl_hier.config import ConfigError, build_dataclass
+
+GENERATORS = ("planner", "openai", "local_llm")
+
+
+@dataclass(frozen=True)
+class SkillsConfig:
+    env: str = "Craftax-Classic-Symbolic-v1"
+    library: str = ""  # built-in library name or a YAML file of skills; "" = the env's built-in one
+    target: str = "collect_diamond"  # a skill name, or "all" (every skill of the library)
+    generator: str = "planner"  # planner (offline) | openai (chat-completions endpoint) | local_llm
+    llm_base_url: str = ""  # openai: e.g. http://127.0.0.1:8000/v1
+    llm_model: str = ""
+    llm_api_key_env: str = "OPENAI_API_KEY"  # the variable that holds the key (never the key itself)
+    llm_timeout_s: float = 60.0
+    llm_max_retries: int = 4
+    llm_path: str = ""  # local_llm: a local Hugging Face directory
+    max_parallel_skills: int = 3
+    success_rate_threshold: float = 0.8
+    min_episodes: int = 64  # episodes a round needs before its success rate counts
+    max_retries: int = 1
+    skill_timesteps: int = 5_000_000  # budget of env steps per attempt of one skill
+    min_skill_timesteps: int = 0  # train at least this long before completing: a frozen expert that
+    # barely passes the threshold caps every skill built on it, so let it improve first
+    updates_per_round: int = 10  # PPO updates per compiled chunk; the scheduler acts between rounds
+    max_experts: int = 12  # frozen dependency experts a skill can hold
+    max_conditions: int = 4
+    moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
+    seed: int = 0
+    stale_lock_s: float = 900.0  # a lock from another host whose heartbeat is older than this is stale
+    ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
+
+    def validate(self) -> None:
+        if self.generator not in GENERATORS:
+            raise ConfigError(f"'generator' must be one of {list(GENERATORS)}, got '{self.generator}'.")
+        if self.generator == "openai" and not (self.llm_base_url and self.llm_model):
+            raise ConfigError("generator 'openai' needs 'llm_base_url' (e.g. http://127.0.0.1:8000/v1) and "
+                              "'llm_model'.")
+        if self.generator == "local_llm" and not self.llm_path:
+            raise ConfigError("generator 'local_llm' needs 'llm_path', a local Hugging Face model directory.")
+        for name in ("max_parallel_skills", "skill_timesteps", "updates_per_round", "max_experts",
+                     "max_conditions", "min_episodes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
+        if not 0 <= self.min_skill_timesteps <= self.skill_timesteps:
+            raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
+        if self.max_retries < 0:
+            raise ConfigError(f"'max_retries' must be >= 0, got {self.max_retries}.")
+        if not 0.0 < self.success_rate_threshold <= 1.0:
+            raise ConfigError(f"'success_rate_threshold' must lie in (0, 1], got {self.success_rate_threshold}.")
+        if self.moe_dispatch not in ("gather", "mask"):
+            raise ConfigError(f"'moe_dispatch' must be 'gather' or 'mask', got '{self.moe_dispatch}'.")
+        self.ppo_config()  # validates the ppo section
+
+    def ppo_config(self):
+        """The PPOConfig of every skill slot: env and seeds set from this config."""
+        from jaxrl_hier.algorithms.ppo import PPOConfig
+
+        reserved = {"env", "num_seeds", "total_timesteps", "anneal_lr", "seed"}
+        clash = reserved & set(self.ppo)
+        if clash:
+            raise ConfigError(f"'ppo.{sorted(clash)[0]}' is set by the skills config (env, max_parallel_skills, "
+                              "skill_timesteps, seed); remove it from the ppo section.")
+        values: dict[str, Any] = {"eval_gif": False, **self.ppo, "env": self.env,
+                                  "num_seeds": self.max_parallel_skills, "anneal_lr": False, "seed": self.seed}
+        steps = values.get("num_envs", PPOConfig.num_envs) * values.get("num_steps", PPOConfig.num_steps)
+        values["total_timesteps"] = max(self.skill_timesteps, steps)
+        return build_dataclass(PPOConfig, values, source="skills config section 'ppo'")
+
+    @property
+    def steps_per_update(self) -> int:
+        c = self.ppo_config()
+        return c.num_envs * c.num_steps
+
+
+def skills_config_from_dict(values: dict[str, Any], source: str = "config") -> SkillsConfig:
+    return build_dataclass(SkillsConfig, values, source=source)
+
+
+def replace(config: SkillsConfig, **changes: Any) -> SkillsConfig:
+    out = dataclasses.replace(config, **changes)
+    out.validate()
+    return out

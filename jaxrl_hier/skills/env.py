@@ -1,0 +1,144 @@
+"""The skill environment: a base env whose reward, episode end and expert choice come from a skill.
+
+For a skill S with dependency plan (d_1, ..., d_L) (its dependency closure, in topological order):
+- reward 1 on the step S's success conditions first hold; that step terminates the episode, so the
+  success rate is the fraction of episodes that end in success;
+- the observation is `{"obs": base_obs, "expert": j}` where j is the plan position of the first
+  dependency whose success conditions do not hold yet (its frozen expert acts), or L when they all
+  hold (S's own, trainable expert acts): the dependency-gated mixture of experts of Flow-RL.
+
+A skill is data (`SkillParams`: quantity indices, operators, thresholds), so one compiled program
+serves any skill, and the skills trained at once differ only in the arrays vmapped over them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_hier.envs.base import Environment
+from jaxrl_hier.skills.quantities import QuantityFn, quantity_vector
+from jaxrl_hier.skills.spec import OPS, Skill, SkillError, SkillLibrary
+
+
+@struct.dataclass
+class Conditions:
+    """A conjunction of `quantity[index] op value` rows; rows with valid=False are ignored."""
+
+    index: jax.Array  # int32[..., C]
+    op: jax.Array  # int32[..., C], position in spec.OPS
+    value: jax.Array  # float32[..., C]
+    valid: jax.Array  # bool[..., C]
+
+
+@struct.dataclass
+class SkillParams:
+    success: Conditions  # [C]
+    plan: Conditions  # [E, C]: the success conditions of each dependency, in plan order
+    plan_len: jax.Array  # int32: number of dependencies (the trainable expert's position)
+
+
+@struct.dataclass
+class SkillEnvParams:
+    base: Any
+    skill: SkillParams
+
+
+@struct.dataclass
+class SkillEnvState:
+    base: Any
+    success: jax.Array  # bool: the skill's conditions hold in this state
+
+
+def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
+    """bool[...]: every valid row of `cond` holds for the quantity vector `q`."""
+    x = q[cond.index]
+    v = cond.value
+    results = jnp.stack([x >= v, x <= v, x == v, x > v, x < v, x != v], axis=-1)  # order of spec.OPS
+    row = jnp.take_along_axis(results, cond.op[..., None], axis=-1)[..., 0]
+    return jnp.all(row | ~cond.valid, axis=-1)
+
+
+class SkillEnv(Environment):
+    """Wraps `base` for skill training; see the module docstring."""
+
+    achievement_names = ("success",)
+
+    def __init__(self, base: Environment, quantities: dict[str, QuantityFn], max_experts: int, max_conditions: int):
+        self.base = base
+        self.name = f"Skill({base.name})"
+        self.quantity_names = tuple(quantities)
+        self._fns = tuple(quantities.values())
+        self.max_experts = max_experts
+        self.max_conditions = max_conditions
+
+    # ------------------------------------------------------------------ building skill params (host)
+    def conditions(self, skills: Sequence[Skill | None], rows: int | None = None) -> Conditions:
+        """Numpy condition arrays for `skills` (None = no skill: a padding row that never holds)."""
+        n, c = (rows or len(skills)), self.max_conditions
+        index, op = np.zeros((n, c), np.int32), np.zeros((n, c), np.int32)
+        value, valid = np.zeros((n, c), np.float32), np.zeros((n, c), bool)
+        for i, skill in enumerate(skills):
+            if skill is None:
+                continue
+            conds = skill.conditions()
+            if len(conds) > c:
+                raise SkillError(f"skill '{skill.name}' has {len(conds)} conditions but max_conditions is {c}; "
+                                 "raise max_conditions in the config.")
+            for j, cond in enumerate(conds):
+                if cond.quantity not in self.quantity_names:
+                    raise SkillError(f"skill '{skill.name}': unknown quantity '{cond.quantity}'.")
+                index[i, j] = self.quantity_names.index(cond.quantity)
+                op[i, j], value[i, j], valid[i, j] = OPS.index(cond.op), cond.value, True
+        return Conditions(index, op, value, valid)
+
+    def skill_params(self, library: SkillLibrary, name: str) -> SkillParams:
+        plan = library.closure(name)
+        if len(plan) > self.max_experts:
+            raise SkillError(f"skill '{name}' depends on {len(plan)} skills but max_experts is {self.max_experts}; "
+                             "raise max_experts in the config.")
+        success = jax.tree.map(lambda x: x[0], self.conditions([library[name]]))
+        deps = self.conditions([library[d] for d in plan], rows=self.max_experts)
+        return SkillParams(success, deps, np.int32(len(plan)))
+
+    def params_for(self, base_params: Any, library: SkillLibrary, name: str) -> SkillEnvParams:
+        return SkillEnvParams(base_params, self.skill_params(library, name))
+
+    @property
+    def default_params(self) -> SkillEnvParams:
+        # No skill: conditions that hold at once (episodes of one step); used only for idle slots.
+        none = jax.tree.map(lambda x: x[0], self.conditions([None]))
+        plan = self.conditions([], rows=self.max_experts)
+        return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0)))
+
+    # ------------------------------------------------------------------ env protocol
+    def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array]:
+        q = quantity_vector(self._fns, state)
+        met = conditions_hold(q, params.skill.plan)  # [E]
+        unmet = ~met & (jnp.arange(self.max_experts) < params.skill.plan_len)
+        expert = jnp.where(unmet.any(), jnp.argmax(unmet), params.skill.plan_len).astype(jnp.int32)
+        return {"obs": base_obs, "expert": expert}, conditions_hold(q, params.skill.success)
+
+    def reset(self, key: jax.Array, params: SkillEnvParams):
+        base_obs, state = self.base.reset(key, params.base)
+        obs, success = self._observe(base_obs, state, params)
+        return obs, SkillEnvState(state, success)
+
+    def step(self, key: jax.Array, state: SkillEnvState, action: jax.Array, params: SkillEnvParams):
+        base_obs, base_state, _, terminated, truncated, info = self.base.step(key, state.base, action, params.base)
+        obs, success = self._observe(base_obs, base_state, params)
+        reward = success.astype(jnp.float32)
+        return obs, SkillEnvState(base_state, success), reward, terminated | success, truncated & ~success, info
+
+    def observation_space(self, params: SkillEnvParams):
+        return self.base.observation_space(params.base)
+
+    def action_space(self, params: SkillEnvParams):
+        return self.base.action_space(params.base)
+
+    def achievements(self, state: SkillEnvState) -> jax.Array:
+        return state.success[None]

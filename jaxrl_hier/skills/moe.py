@@ -1,0 +1,136 @@
+"""Mixture-of-experts actor-critic for skills: frozen dependency experts plus one trainable expert.
+
+Experts are MLPs held as lists of `{"kernel", "bias"}` layers and stacked on a leading expert axis.
+Each env row is routed to one expert (`idx`). Two ways to evaluate the routed experts:
+
+- `mixture_apply_gather` (default): rows are sorted by expert into blocks of `block_size` rows that
+  each belong to a single expert (each expert's group padded to whole blocks), and every block is
+  multiplied by its own expert's weights. Compute is that of about 1.5 experts whatever the number
+  of experts: padding adds at most `num_experts * (block_size - 1)` rows, and the block size is
+  chosen so that this is at most half the batch.
+- `mixture_apply_mask`: every expert on every row, then a one-hot pick: what Flow-RL does, kept as
+  the baseline (compute grows linearly with the number of experts). `benchmarks/moe.py` times both.
+
+`MoEPolicy` duck-types a Flax module (`init`, `apply`) for `algorithms.ppo`. Its `params` hold only
+the new expert (actor and critic), so the optimiser never sees the frozen experts; those sit in the
+`experts` variable collection (the PPO runner's `extra_variables`), one bank per skill slot. The
+critic is always the new expert's: it estimates the return of *this* skill's reward on every state,
+including the states where a dependency's expert is acting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+
+Layers = list  # [{"kernel": [din, dout], "bias": [dout]}, ...] (stacked: a leading expert axis)
+
+
+def init_mlp(key: jax.Array, sizes: list[int], out_scale: float) -> Layers:
+    """Orthogonal init as in the Craftax baseline: sqrt(2) on hidden layers, `out_scale` on the last."""
+    keys = jax.random.split(key, len(sizes) - 1)
+    layers = []
+    for i, (k, din, dout) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
+        scale = out_scale if i == len(sizes) - 2 else math.sqrt(2)
+        layers.append({"kernel": jax.nn.initializers.orthogonal(scale)(k, (din, dout), jnp.float32),
+                       "bias": jnp.zeros((dout,), jnp.float32)})
+    return layers
+
+
+def mlp_apply(layers: Layers, x: jax.Array, act: Callable) -> jax.Array:
+    for i, layer in enumerate(layers):
+        x = x @ layer["kernel"] + layer["bias"]
+        if i < len(layers) - 1:
+            x = act(x)
+    return x
+
+
+def mixture_apply_mask(bank: Layers, x: jax.Array, idx: jax.Array, act: Callable) -> jax.Array:
+    """Every expert on every row, then pick row i's expert idx[i] (the Flow-RL baseline)."""
+    every = jax.vmap(lambda layers: mlp_apply(layers, x, act))(bank)  # [G, B, out]
+    return jnp.take_along_axis(every, idx[None, :, None], axis=0)[0]
+
+
+def default_block_size(rows: int, experts: int) -> int:
+    """Rows per block so that padding (< experts * block rows) stays under half the batch."""
+    return max(1, rows // (2 * experts))
+
+
+def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callable,
+                         block_size: int | None = None) -> jax.Array:
+    """Row i through expert idx[i] only, as block-wise grouped matmuls; see the module docstring."""
+    rows, num_experts = x.shape[0], bank[0]["kernel"].shape[0]
+    bs = block_size or default_block_size(rows, num_experts)
+    num_blocks = -(-(rows + num_experts * (bs - 1)) // bs)  # static upper bound
+    idx = idx.astype(jnp.int32)
+    counts = jnp.bincount(idx, length=num_experts)
+    padded = -(-counts // bs) * bs
+    padded_end = jnp.cumsum(padded)
+    order = jnp.argsort(idx, stable=True)
+    first_row = jnp.cumsum(counts) - counts  # where each expert's rows start in sorted order
+    sorted_idx = idx[order]
+    slot_sorted = padded_end[sorted_idx] - padded[sorted_idx] + jnp.arange(rows) - first_row[sorted_idx]
+    slot = jnp.zeros(rows, jnp.int32).at[order].set(slot_sorted.astype(jnp.int32))
+    h = jnp.zeros((num_blocks * bs,) + x.shape[1:], x.dtype).at[slot].set(x)
+    # Trailing empty blocks get the last expert; their rows are zeros and never read back.
+    block_expert = jnp.minimum(jnp.searchsorted(padded_end, jnp.arange(num_blocks) * bs, side="right"),
+                               num_experts - 1)
+    h = h.reshape(num_blocks, bs, -1)
+    for i, layer in enumerate(bank):
+        h = jnp.einsum("nbd,nde->nbe", h, layer["kernel"][block_expert]) + layer["bias"][block_expert][:, None]
+        if i < len(bank) - 1:
+            h = act(h)
+    return h.reshape(num_blocks * bs, -1)[slot]
+
+
+def stack_experts(experts: list[Layers]) -> Layers:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *experts)
+
+
+class MoEPolicy:
+    """Dependency-gated mixture of experts; obs is `{"obs": x, "expert": plan position}` (skills.env)."""
+
+    def __init__(self, num_actions: int, hidden_size: int, num_layers: int, activation: str, max_experts: int,
+                 dispatch: str = "gather", block_size: int | None = None):
+        if dispatch not in ("gather", "mask"):
+            raise ValueError(f"unknown MoE dispatch '{dispatch}': use 'gather' or 'mask'.")
+        self.num_actions, self.hidden_size, self.num_layers = num_actions, hidden_size, num_layers
+        self.activation, self.max_experts = activation, max_experts
+        self.dispatch, self.block_size = dispatch, block_size
+
+    def expert_sizes(self, obs_dim: int, out: int) -> list[int]:
+        return [obs_dim] + [self.hidden_size] * self.num_layers + [out]
+
+    def init_expert(self, key: jax.Array, obs_dim: int) -> dict:
+        k_actor, k_critic = jax.random.split(key)
+        return {"actor": init_mlp(k_actor, self.expert_sizes(obs_dim, self.num_actions), 0.01),
+                "critic": init_mlp(k_critic, self.expert_sizes(obs_dim, 1), 1.0)}
+
+    def init(self, key: jax.Array, obs: dict) -> dict:
+        obs_dim = int(np.prod(obs["obs"].shape[1:]))
+        expert = self.init_expert(key, obs_dim)
+        bank = jax.tree.map(lambda w: jnp.zeros((self.max_experts,) + w.shape, w.dtype), expert["actor"])
+        return {"params": expert, "experts": {"actor": bank, "plan_len": jnp.int32(0)}}
+
+    def apply(self, variables: dict, obs: dict):
+        act = ACTIVATIONS[self.activation]
+        params, frozen = variables["params"], variables["experts"]
+        x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
+        # Local expert index: plan position j < plan_len -> frozen bank row j; else the new expert,
+        # which sits after the bank.
+        local = jnp.where(obs["expert"] < frozen["plan_len"], obs["expert"], self.max_experts)
+        bank = jax.tree.map(lambda f, new: jnp.concatenate([jax.lax.stop_gradient(f), new[None]]),
+                            frozen["actor"], params["actor"])
+        if self.dispatch == "gather":
+            logits = mixture_apply_gather(bank, x, local, act, self.block_size)
+        else:
+            logits = mixture_apply_mask(bank, x, local, act)
+        value = mlp_apply(params["critic"], x, act)[:, 0]
+        return distrax.Categorical(logits=logits), value

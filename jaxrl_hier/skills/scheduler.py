@@ -1,0 +1,289 @@
+"""The crash-safe skill scheduler: a DAG of skills trained in slots, state on disk after every step.
+
+Loop (Python, between compiled rounds):
+1. generate: ask the generator for skills while slots would otherwise go idle; pause while a
+   proposal waits on skills still training (frontier blocking), resume when they complete; stop
+   cleanly (keeping all work) if the generator is unavailable;
+2. fail pending skills whose dependencies failed (skills that do not depend on them go on);
+3. start ready skills (all dependencies completed) in free slots, with their dependencies' frozen
+   experts;
+4. train one round (`updates_per_round` PPO updates of every slot, one compiled program);
+5. a skill completes when a round's success rate reaches `success_rate_threshold` (over at least
+   `min_episodes` episodes, after at least `min_skill_timesteps` steps): its expert is saved and it is never trained again; an attempt fails when
+   its `skill_timesteps` budget runs out and is retried up to `max_retries` times;
+6. checkpoint the slots, then write `scheduler_state.json` atomically.
+
+After a crash, `resume` restores the slots from the checkpoint named in the state file; skills that
+started after that checkpoint start again, completed skills are loaded, never retrained.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import jax
+
+from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.logging.metrics import MetricsWriter
+from jaxrl_hier.skills.generators import Generator, GeneratorUnavailable, ProposalContext, make_validator
+from jaxrl_hier.skills.spec import Skill, SkillLibrary
+from jaxrl_hier.skills.state import STATE_FILE, RunLock, SchedulerState, SkillRecord, StateError, load_state, save_state
+
+log = logging.getLogger("jaxrl_hier.skills")
+
+
+class Trainer(Protocol):
+    """What the scheduler needs from a trainer (`SkillTrainer`, or a fake in tests)."""
+
+    slots: int
+    quantity_names: tuple[str, ...]
+
+    def init(self, key: jax.Array) -> None: ...
+    def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None: ...
+    def train_round(self) -> list: ...
+    def expert(self, slot: int) -> Any: ...
+    def save_checkpoint(self, directory: Path, step: int, meta: dict) -> None: ...
+    def restore_checkpoint(self, directory: Path, step: int) -> None: ...
+    def save_expert(self, directory: Path, expert: Any, meta: dict) -> None: ...
+    def load_expert(self, directory: Path) -> Any: ...
+
+
+class Scheduler:
+    def __init__(self, config: Any, output_dir: str | Path, trainer: Trainer, generator: Generator,
+                 catalog: SkillLibrary, *, progress: Callable[[SchedulerState], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self.dir = Path(output_dir)
+        self.trainer = trainer
+        self.generator = generator
+        self.catalog = catalog
+        self.progress = progress
+        self.clock = clock
+        self.lock = RunLock(self.dir, config.stale_lock_s)
+        self.experts: dict[str, Any] = {}
+        self._writers: dict[str, MetricsWriter] = {}
+        self.state: SchedulerState | None = None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.dir / "checkpoints"
+
+    def skill_dir(self, record: SkillRecord) -> Path:
+        return self.dir / "skills" / record.dirname
+
+    def _save(self) -> None:
+        save_state(self.dir, self.state)
+
+    def library(self) -> SkillLibrary:
+        """Every proposed skill, as Skill objects (Python predicates taken from the catalog)."""
+        return SkillLibrary(tuple(self._skill(r) for r in self.state.skills))
+
+    def _skill(self, r: SkillRecord) -> Skill:
+        if r.name in self.catalog and self.catalog[r.name].to_dict() == r.spec:
+            return self.catalog[r.name]
+        if "predicate" in r.spec:
+            raise StateError(f"skill '{r.name}' uses the Python predicate {r.spec['predicate']}, which the library "
+                             "passed to this run does not define; pass the same library as the run that proposed it.")
+        return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
+
+    # ------------------------------------------------------------------ entry points
+    def run(self, resume: bool = False) -> SchedulerState:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.lock.acquire()
+        try:
+            if resume:
+                self.state = load_state(self.dir)
+                self._restore()
+            else:
+                self.state = SchedulerState(target=self.config.target)
+                self._save()
+                self.trainer.init(jax.random.key(self.config.seed))
+            self._loop()
+            return self.state
+        finally:
+            for w in self._writers.values():
+                w.close()
+            self.lock.release()
+
+    def _restore(self) -> None:
+        """Load completed experts; put the running skills back into their slots."""
+        for r in self.state.by_status("completed"):
+            self.experts[r.name] = self.trainer.load_expert(self.skill_dir(r))
+        self.trainer.init(jax.random.key(self.config.seed))
+        step = self.state.checkpoint_round
+        if step is not None and self.state.by_status("running"):
+            self.trainer.restore_checkpoint(self.checkpoint_dir, step)
+        for r in self.state.by_status("running"):
+            if step is None or r.started_round >= step:
+                # Started after the checkpoint was taken: its slot holds something else; start again.
+                r.status, r.slot, r.attempts = "pending", None, r.attempts - 1
+            else:
+                self._writer(r).truncate_after(step)
+        self._save()
+        log.info("resumed %s at round %d", self.dir, self.state.round)
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            self._generate()
+            self._fail_blocked()
+            self._fill_slots()
+            running = self.state.by_status("running")
+            if not running:
+                break
+            t0 = self.clock()
+            results = self.trainer.train_round()
+            elapsed = self.clock() - t0
+            self.state.round += 1
+            for r in running:
+                self._account(r, results[r.slot], elapsed)
+            if self.state.by_status("running"):
+                self.trainer.save_checkpoint(self.checkpoint_dir, self.state.round, {"round": self.state.round})
+                self.state.checkpoint_round = self.state.round
+            self._save()
+            self.lock.heartbeat()
+            if self.progress:
+                self.progress(self.state)
+        if self.state.generation in ("active", "paused"):
+            self.state.generation, self.state.generation_reason = "finished", "nothing left to train"
+        self._save()
+        if self.progress:
+            self.progress(self.state)
+
+    def _account(self, r: SkillRecord, res: Any, elapsed: float) -> None:
+        c = self.config
+        r.steps += res.steps
+        r.total_steps += res.steps
+        r.rounds += 1
+        r.wall_s += elapsed
+        r.episodes = res.episodes
+        r.success_rate = res.success_rate
+        self._writer(r).write({"update": self.state.round, "attempt": r.attempts, "steps": r.steps,
+                               "total_steps": r.total_steps, "success_rate": res.success_rate,
+                               "episodes": res.episodes, "episode_return": res.episode_return,
+                               "episode_length": res.episode_length, "wall_s": r.wall_s})
+        passed = (res.success_rate is not None and res.episodes >= c.min_episodes
+                  and res.success_rate >= c.success_rate_threshold)
+        if passed and r.steps >= c.min_skill_timesteps:
+            self._complete(r)
+        elif r.steps >= c.skill_timesteps:
+            reason = (f"attempt {r.attempts}: success rate {res.success_rate if res.success_rate is not None else 'n/a'} "
+                      f"< {c.success_rate_threshold} after {r.steps:,} steps")
+            if r.attempts <= c.max_retries:
+                log.warning("skill '%s' %s; retrying from scratch", r.name, reason)
+                r.status, r.slot = "pending", None
+            else:
+                log.warning("skill '%s' failed: %s", r.name, reason)
+                r.status, r.slot, r.reason = "failed", None, reason
+                self._close_writer(r)
+
+    def _complete(self, r: SkillRecord) -> None:
+        expert = self.trainer.expert(r.slot)
+        library = self.library()
+        plan = library.closure(r.name)
+        ids = {s.name: s.id for s in self.state.skills}
+        # The global-to-local expert index map: which skill's expert sits at which row of the bank.
+        index_map = [{"skill": d, "id": ids[d], "local": j} for j, d in enumerate(plan)]
+        index_map.append({"skill": r.name, "id": r.id, "local": self.config.max_experts})
+        meta = {"skill": r.name, "id": r.id, "success_rate": r.success_rate, "steps": r.steps}
+        directory = self.skill_dir(r)
+        self.trainer.save_expert(directory, expert, meta)
+        atomic_write_json(directory / "spec.json", {"skill": r.spec, "plan": list(plan), "expert_index": index_map,
+                                                    "success_rate": r.success_rate, "steps": r.steps,
+                                                    "attempts": r.attempts})
+        self.experts[r.name] = expert
+        r.status, r.slot = "completed", None
+        self._close_writer(r)
+        log.info("skill '%s' completed: success rate %.2f after %d steps", r.name, r.success_rate, r.steps)
+
+    def _fill_slots(self) -> None:
+        busy = {r.slot for r in self.state.by_status("running")}
+        free = [i for i in range(self.trainer.slots) if i not in busy]
+        done = {r.name for r in self.state.by_status("completed")}
+        starting: dict[int, str] = {}
+        for r in self.state.by_status("pending"):
+            if not free:
+                break
+            if all(d in done for d in r.spec.get("requires", [])):
+                r.slot, r.status = free.pop(0), "running"
+                r.attempts += 1
+                r.steps, r.success_rate, r.started_round = 0, None, self.state.round
+                starting[r.slot] = r.name
+        if starting:
+            seed = jax.random.fold_in(jax.random.key(self.config.seed), self.state.round + 1)
+            self.trainer.start(starting, self.library(), self.experts, seed)
+            self._save()
+            log.info("started %s", ", ".join(f"{n} (slot {s})" for s, n in starting.items()))
+
+    def _fail_blocked(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            failed = {r.name for r in self.state.by_status("failed")}
+            for r in self.state.by_status("pending"):
+                bad = [d for d in r.spec.get("requires", []) if d in failed]
+                if bad:
+                    r.status, r.reason, changed = "failed", f"dependency '{bad[0]}' failed", True
+                    self._save()
+
+    # ------------------------------------------------------------------ generation
+    def _context(self) -> ProposalContext:
+        skills = tuple({"name": r.name, "requires": list(r.spec.get("requires", [])),
+                        "success": list(r.spec.get("success", [])), "status": r.status} for r in self.state.skills)
+        return ProposalContext(self.state.target, self.config.env, skills, tuple(self.trainer.quantity_names))
+
+    def _generate(self) -> None:
+        s = self.state
+        while s.generation in ("active", "paused"):
+            done = {r.name for r in s.by_status("completed")}
+            pending = s.by_status("pending")
+            waiting = [r for r in pending if not all(d in done for d in r.spec.get("requires", []))]
+            if waiting:
+                if s.generation != "paused":
+                    deps = sorted({d for r in waiting for d in r.spec.get("requires", []) if d not in done})
+                    s.generation, s.generation_reason = "paused", f"'{waiting[0].name}' waits on {', '.join(deps)}"
+                    log.info("generation paused: %s", s.generation_reason)
+                    self._save()
+                return
+            free = self.trainer.slots - len(s.by_status("running"))
+            if len(pending) >= free:
+                return
+            s.generation, s.generation_reason = "active", ""
+            library = self.library()
+            validate = make_validator(library, self.catalog, tuple(self.trainer.quantity_names),
+                                      self.config.max_experts, self.config.max_conditions)
+            try:
+                skill = self.generator.propose(self._context(), validate)
+            except GeneratorUnavailable as err:
+                s.generation, s.generation_reason = "stopped", str(err)
+                log.error("skill generation stopped: %s (completed work is kept)", err)
+                self._save()
+                return
+            if skill is None:
+                s.generation, s.generation_reason = "finished", "the generator has nothing more to propose"
+                self._save()
+                return
+            s.skills.append(SkillRecord(id=len(s.skills), name=skill.name, spec=skill.to_dict(),
+                                        proposed_by=type(self.generator).__name__))
+            log.info("proposed skill '%s' (requires %s)", skill.name, ", ".join(skill.requires) or "nothing")
+            self._save()
+
+    # ------------------------------------------------------------------ per-skill metrics
+    def _writer(self, r: SkillRecord) -> MetricsWriter:
+        if r.name not in self._writers:
+            self._writers[r.name] = MetricsWriter(self.skill_dir(r))
+        return self._writers[r.name]
+
+    def _close_writer(self, r: SkillRecord) -> None:
+        w = self._writers.pop(r.name, None)
+        if w is not None:
+            w.close()
+
+
+def read_spec(directory: Path) -> dict:
+    return json.loads((directory / "spec.json").read_text())

@@ -1,0 +1,192 @@
+"""Train several skills at once: one PPO program whose seed axis holds one skill per slot.
+
+`algorithms.ppo` already vmaps whole runs over a leading seed axis, each with its own env params
+and extra (non-trainable) network variables. Here each slot of that axis is a skill: its env params
+carry the skill's conditions (`skills.env`), its extra variables the frozen experts of its
+dependencies (`skills.moe`). So the skills running at once train in one compiled program, and on
+several devices each slot's envs are split over the `data` mesh as in a plain PPO run. A slot is
+(re)started by initialising fresh state for it and swapping it in; the other slots go on untouched.
+Python only acts between rounds of `updates_per_round` updates.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
+from jaxrl_hier.envs import make
+from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.env import SkillEnv
+from jaxrl_hier.skills.moe import MoEPolicy, stack_experts
+from jaxrl_hier.skills.quantities import env_quantities
+from jaxrl_hier.skills.spec import SkillLibrary
+
+
+class RoundResult(NamedTuple):
+    success_rate: float | None  # fraction of the round's episodes that ended in success (None: no episode)
+    episodes: int
+    steps: int  # env steps this slot took in the round
+    episode_return: float | None
+    episode_length: float | None
+
+
+def quantities_for(env: Any, library: SkillLibrary) -> dict:
+    """The env's named quantities plus one per Python-predicate skill of the library."""
+    out = dict(env_quantities(env))
+    for skill in library.predicate_skills():
+        out[skill.predicate_quantity] = skill.predicate
+    return out
+
+
+class SkillTrainer:
+    """Slots of concurrently trained skills on top of `algorithms.ppo`."""
+
+    def __init__(self, config: SkillsConfig, catalog: SkillLibrary):
+        from jaxrl_hier.algorithms.ppo import make_train
+
+        self.config = config
+        base, base_params = make(config.env)
+        self.base_params = base_params
+        self.env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions)
+        ppo_config = config.ppo_config()
+        self.policy = MoEPolicy(base.action_space(base_params).n, ppo_config.hidden_size, ppo_config.num_layers,
+                                ppo_config.activation, config.max_experts, config.moe_dispatch)
+        self.ppo = make_train(ppo_config, env=self.env, env_params=self.env.default_params, network=self.policy)
+        self.slots = config.max_parallel_skills
+        self.steps_per_update = ppo_config.num_envs * ppo_config.num_steps
+        self.runner = None
+        self._ckpt: Checkpointer | None = None
+        self._obs_dim = int(np.prod(base.observation_space(base_params).shape))
+
+    @property
+    def quantity_names(self) -> tuple[str, ...]:
+        return self.env.quantity_names
+
+    # ------------------------------------------------------------------ slot state
+    def _slot_inputs(self, library: SkillLibrary | None, name: str | None, experts: dict[str, Any]):
+        """Env params and extra variables of one slot (`name` None: an idle slot)."""
+        zeros = self.policy.init_expert(jax.random.key(0), self._obs_dim)["actor"]
+        if name is None:
+            params = self.env.default_params
+            plan: tuple[str, ...] = ()
+        else:
+            params = self.env.params_for(self.base_params, library, name)
+            plan = library.closure(name)
+        rows = [experts[d]["actor"] for d in plan]
+        rows += [jax.tree.map(jnp.zeros_like, zeros)] * (self.config.max_experts - len(plan))
+        extra = {"experts": {"actor": stack_experts(rows), "plan_len": jnp.int32(len(plan))}}
+        return params, extra
+
+    def _fresh(self, inputs: list[tuple[Any, Any]], key: jax.Array):
+        env_params = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[p for p, _ in inputs])
+        extra = jax.tree.map(lambda *xs: jnp.stack(xs), *[e for _, e in inputs])
+        keys = jax.random.split(key, self.slots)
+        return self.ppo.init_per_seed(keys, extra, env_params)
+
+    def init(self, key: jax.Array) -> None:
+        """All slots idle."""
+        self.runner = self._fresh([self._slot_inputs(None, None, {})] * self.slots, key)
+
+    def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None:
+        """(Re)start skills in the given slots with fresh parameters; other slots continue."""
+        if not slots:
+            return
+        inputs = [self._slot_inputs(library, slots.get(i), experts) if i in slots else self._slot_inputs(None, None, {})
+                  for i in range(self.slots)]
+        fresh = self._fresh(inputs, key)
+        take = jnp.array([i in slots for i in range(self.slots)])
+        self.runner = _swap_in(self.runner, fresh, take, self.ppo.shardings(self.runner))
+
+    def train_round(self) -> list[RoundResult]:
+        """`updates_per_round` PPO updates of every slot in one compiled program."""
+        self.runner, metrics = self.ppo.update(self.runner, self.config.updates_per_round)
+        host = jax.tree.map(np.asarray, metrics)
+        episodes = host["episodes"]  # [updates, slots]
+        out = []
+        for i in range(self.slots):
+            n = float(episodes[:, i].sum())
+
+            def mean(x: np.ndarray) -> float | None:
+                return float(np.nansum(x * episodes[:, i]) / n) if n else None
+
+            out.append(RoundResult(mean(host["achievements"][:, i, 0]), int(n),
+                                   self.config.updates_per_round * self.steps_per_update,
+                                   mean(host["episode_return"][:, i]), mean(host["episode_length"][:, i])))
+        return out
+
+    def expert(self, slot: int) -> dict:
+        """The trainable expert of `slot`, on the host."""
+        return jax.tree.map(lambda x: np.asarray(x[slot]), self.runner.train_state.params)
+
+    # ------------------------------------------------------------------ persistence
+    def _checkpointer(self, directory: Path) -> Checkpointer:
+        if self._ckpt is None or self._ckpt.directory != Path(directory).absolute():
+            # Synchronous: the scheduler writes its state file only after the checkpoint is final.
+            self._ckpt = Checkpointer(directory, keep=2, asynchronous=False)
+        return self._ckpt
+
+    def _expect(self) -> dict:
+        c = self.config.ppo_config()
+        return {"env": self.config.env, "slots": self.slots, "num_envs": c.num_envs, "hidden_size": c.hidden_size,
+                "num_layers": c.num_layers, "max_experts": self.config.max_experts,
+                "max_conditions": self.config.max_conditions, "quantities": len(self.quantity_names)}
+
+    def save_checkpoint(self, directory: Path, step: int, meta: dict) -> None:
+        ckpt = self._checkpointer(directory)
+        ckpt.save(step, self.runner, {**meta, **self._expect()})
+        ckpt.wait()
+
+    def restore_checkpoint(self, directory: Path, step: int) -> None:
+        self.runner, _ = self._checkpointer(directory).restore(step, self.runner, self._expect())
+
+    def save_expert(self, directory: Path, expert: Any, meta: dict) -> None:
+        save_expert(directory, expert, meta)
+
+    def load_expert(self, directory: Path) -> Any:
+        like = self.policy.init_expert(jax.random.key(0), self._obs_dim)
+        return load_expert(directory, like)
+
+
+def _swap_in(old: Any, new: Any, take: jax.Array, shardings: Any) -> Any:
+    def pick(a, b):
+        return jnp.where(take.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
+
+    return jax.jit(lambda a, b: jax.tree.map(pick, a, b), out_shardings=shardings)(old, new)
+
+
+# ---------------------------------------------------------------------------- experts on disk
+def save_expert(directory: Path, expert: dict, meta: dict) -> None:
+    """Write one skill's expert parameters under `directory/expert` (Orbax finalises atomically).
+
+    A leftover from an attempt that crashed before the state file said "completed" is replaced."""
+    path = Path(directory) / "expert"
+    if path.exists():
+        shutil.rmtree(path)
+    ckpt = Checkpointer(path, keep=1, asynchronous=False)
+    try:
+        ckpt.save(0, expert, meta)
+    finally:
+        ckpt.close()
+
+
+def load_expert(directory: Path, like: dict) -> dict:
+    path = Path(directory) / "expert"
+    if not path.is_dir():
+        raise CheckpointError(f"the expert of a completed skill is missing: {path}. The run directory is damaged; "
+                              "set that skill's status to 'pending' in scheduler_state.json to train it again, or "
+                              "start a new --output-dir.")
+    ckpt = Checkpointer(path, keep=1, asynchronous=False)
+    try:
+        state, _ = ckpt.restore(0, like, {})
+    finally:
+        ckpt.close()
+    return jax.tree.map(np.asarray, state)
+
+
+__all__ = ["RoundResult", "SkillTrainer", "save_expert", "load_expert", "quantities_for"]

@@ -1,0 +1,182 @@
+"""Skills as data: conditions, libraries as DAGs, YAML, the skill env's reward and expert gating,
+and the mixture of experts (gather == mask, frozen experts take no gradient)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_hier.envs import make
+from jaxrl_hier.envs.builtin import techtree as tt
+from jaxrl_hier.skills import Condition, Skill, SkillError, SkillLibrary, load_skills_yaml
+from jaxrl_hier.skills.env import SkillEnv, conditions_hold
+from jaxrl_hier.skills.generators import make_validator
+from jaxrl_hier.skills.library import builtin_library, techtree_library
+from jaxrl_hier.skills.moe import (MoEPolicy, init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply,
+                                   stack_experts)
+from jaxrl_hier.skills.trainer import quantities_for
+
+
+def test_condition_parsing_and_errors():
+    c = Condition.parse("inventory.wood >= 3")
+    assert (c.quantity, c.op, c.value, str(c)) == ("inventory.wood", ">=", 3.0, "inventory.wood >= 3")
+    assert Condition.parse(" floor==1.5").value == 1.5
+    with pytest.raises(SkillError, match="not '<quantity> <op> <number>'"):
+        Condition.parse("inventory.wood => 3")
+    with pytest.raises(SkillError, match="snake_case"):
+        Skill("Collect Wood", success=(c,))
+    with pytest.raises(SkillError, match="no success condition"):
+        Skill("x")
+
+
+def test_library_dag_checks_and_closure():
+    lib = techtree_library()
+    assert lib.closure("collect_stone") == ("collect_wood", "place_table", "make_wood_pickaxe")
+    order = lib.topological_order()
+    for s in lib.skills:
+        assert all(order.index(d) < order.index(s.name) for d in s.requires)
+    ok = (Condition.parse("inventory.wood >= 1"),)
+    with pytest.raises(SkillError, match="cycle: a -> b -> a"):
+        SkillLibrary((Skill("a", ("b",), ok), Skill("b", ("a",), ok)))
+    with pytest.raises(SkillError, match="unknown skill 'colect_wood'.*Did you mean 'collect_wood'"):
+        lib.add(Skill("axe", ("colect_wood",), ok))
+    with pytest.raises(SkillError, match="defined twice"):
+        lib.add(Skill("collect_wood", (), ok))
+
+
+def test_builtin_libraries_use_only_quantities_their_envs_have():
+    for lib_name, env_name in [("techtree", "TechTree-v0"), ("craftax_classic", "Craftax-Classic-Symbolic-v1"),
+                               ("craftax", "Craftax-Symbolic-v1")]:
+        env, _ = make(env_name)
+        builtin_library(lib_name).check_quantities(quantities_for(env, SkillLibrary()))
+    classic = builtin_library("craftax_classic")
+    assert set(classic.closure("collect_diamond")) >= {"make_iron_pickaxe", "place_furnace", "collect_coal"}
+    assert len(classic) == 22
+
+
+def test_yaml_skills_and_unknown_quantity(tmp_path):
+    path = tmp_path / "skills.yaml"
+    path.write_text("skills:\n- name: wood\n  success: [inventory.wood >= 1]\n"
+                    "- name: two_wood\n  requires: [wood]\n  success: ['inventory.wood >= 2']\n")
+    lib = load_skills_yaml(path)
+    assert lib.names == ("wood", "two_wood") and lib["two_wood"].requires == ("wood",)
+    env, _ = make("TechTree-v0")
+    q = quantities_for(env, lib)
+    lib.check_quantities(q)
+    path.write_text("- name: gold\n  success: [inventory.gold >= 1]\n")
+    with pytest.raises(SkillError, match="unknown quantity 'inventory.gold'.*Known quantities"):
+        load_skills_yaml(path).check_quantities(q)
+    path.write_text("- name: x\n  succes: [inventory.wood >= 1]\n")
+    with pytest.raises(SkillError, match="unknown skill key 'succes'.*Did you mean 'success'"):
+        load_skills_yaml(path)
+    with pytest.raises(SkillError, match="not found"):
+        load_skills_yaml(tmp_path / "missing.yaml")
+
+
+def test_validator_rejects_unknown_names_cycles_and_duplicates():
+    env, _ = make("TechTree-v0")
+    lib = techtree_library().subset(["collect_wood", "place_table"])
+    validate = make_validator(lib, techtree_library(), tuple(quantities_for(env, lib)), max_experts=4, max_conditions=2)
+    skill = validate({"name": "two_wood", "requires": ["collect_wood"], "success": ["inventory.wood >= 2"]})
+    assert skill.requires == ("collect_wood",)
+    for bad, reason in [({"name": "x", "requires": ["nope"], "success": ["inventory.wood >= 1"]}, "unknown skill"),
+                        ({"name": "x", "success": ["inventory.gold >= 1"]}, "unknown quantity"),
+                        ({"name": "collect_wood", "success": ["inventory.wood >= 1"]}, "already exists"),
+                        ({"name": "x", "requires": ["x"], "success": ["inventory.wood >= 1"]}, "requires itself"),
+                        ({"name": "x", "success": ["inventory.wood >= 1", "inventory.stone >= 1",
+                                                   "inventory.iron >= 1"]}, "at most 2")]:
+        with pytest.raises(ValueError, match=reason):
+            validate(bad)
+
+
+def test_python_predicate_skill_joins_the_quantity_table():
+    env, params = make("TechTree-v0")
+    corner = Skill("reach_corner", predicate=lambda s: jnp.all(s.pos == 0))
+    lib = SkillLibrary((corner,))
+    senv = SkillEnv(env, quantities_for(env, lib), max_experts=2, max_conditions=2)
+    p = senv.params_for(params, lib, "reach_corner")
+    _, state = senv.reset(jax.random.key(0), p)
+    grid = jnp.zeros((7, 7), jnp.int32)
+    base = tt.TechTreeState(jnp.array([0, 1], jnp.int32), grid, jnp.zeros(7, jnp.int32), jnp.zeros(8, bool), jnp.int32(0))
+    _, s1, r, term, trunc, _ = senv.step(jax.random.key(1), state.replace(base=base), jnp.int32(3), p)  # left
+    assert bool(s1.success) and float(r) == 1.0 and bool(term) and not bool(trunc)
+
+
+def test_conditions_hold_by_hand():
+    env, _ = make("TechTree-v0")
+    senv = SkillEnv(env, quantities_for(env, SkillLibrary()), max_experts=2, max_conditions=3)
+    skills = [Skill("a", success=(Condition.parse("inventory.wood >= 2"), Condition.parse("inventory.stone < 1"))),
+              Skill("b", success=(Condition.parse("inventory.iron != 0"),)), None]
+    cond = senv.conditions(skills)
+    q = np.zeros(len(senv.quantity_names), np.float32)
+    names = senv.quantity_names
+    q[names.index("inventory.wood")] = 2
+    assert np.asarray(conditions_hold(jnp.asarray(q), cond)).tolist() == [True, False, True]  # None: no rows
+    q[names.index("inventory.stone")] = 1
+    q[names.index("inventory.iron")] = 3
+    assert np.asarray(conditions_hold(jnp.asarray(q), cond)).tolist() == [False, True, True]
+
+
+def test_skill_env_gates_experts_and_rewards_success():
+    env, params = make("TechTree-v0")
+    lib = techtree_library()
+    senv = SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2)
+    p = senv.params_for(params, lib, "make_wood_pickaxe")  # plan: collect_wood, place_table
+    assert int(p.skill.plan_len) == 2
+    obs, state = senv.reset(jax.random.key(0), p)
+    assert int(obs["expert"]) == 0 and obs["obs"].shape == env.observation_space(params).shape
+
+    def with_achievements(*names):
+        ach = jnp.array([n in names for n in tt.ACHIEVEMENTS])
+        return state.replace(base=state.base.replace(achievements=ach))
+
+    noop = jnp.int32(0)
+    o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood"), noop, p)
+    assert int(o["expert"]) == 1 and float(r) == 0.0 and not bool(term)  # place_table's expert acts
+    o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood", "place_table"), noop, p)
+    assert int(o["expert"]) == 2 and float(r) == 0.0  # all dependencies met: the new expert (position 2)
+    o, s, r, term, trunc, _ = senv.step(
+        jax.random.key(1), with_achievements("collect_wood", "place_table", "make_wood_pickaxe"), noop, p)
+    assert float(r) == 1.0 and bool(term) and not bool(trunc) and bool(senv.achievements(s)[0])
+    # A dependency lost again (here: flag cleared) hands control back to its expert.
+    o, *_ = senv.step(jax.random.key(1), with_achievements("place_table"), noop, p)
+    assert int(o["expert"]) == 0
+
+
+@pytest.mark.parametrize("experts,rows", [(1, 5), (3, 64), (9, 256), (33, 100)])
+def test_gather_and_mask_mixtures_are_equal(experts, rows):
+    k = jax.random.key(experts)
+    bank = stack_experts([init_mlp(jax.random.fold_in(k, i), [12, 16, 16, 5], 1.0) for i in range(experts)])
+    x = jax.random.normal(k, (rows, 12))
+    for idx in (jax.random.randint(jax.random.fold_in(k, 99), (rows,), 0, experts),
+                jnp.zeros(rows, jnp.int32), jnp.full(rows, experts - 1)):
+        np.testing.assert_allclose(np.asarray(mixture_apply_gather(bank, x, idx, jnp.tanh)),
+                                   np.asarray(mixture_apply_mask(bank, x, idx, jnp.tanh)), atol=2e-6)
+        one = mixture_apply_gather(bank, x, idx, jnp.tanh, block_size=1)  # any block size
+        np.testing.assert_allclose(np.asarray(one), np.asarray(mixture_apply_mask(bank, x, idx, jnp.tanh)), atol=2e-6)
+
+
+def test_moe_policy_trains_only_the_new_expert():
+    policy = MoEPolicy(num_actions=4, hidden_size=8, num_layers=2, activation="tanh", max_experts=3)
+    obs = {"obs": jnp.ones((6, 5)), "expert": jnp.array([0, 1, 2, 2, 0, 1])}
+    variables = policy.init(jax.random.key(0), obs)
+    assert set(variables["params"]) == {"actor", "critic"}  # one expert: what the optimiser sees
+    assert variables["experts"]["actor"][0]["kernel"].shape == (3, 5, 8)
+    frozen = jax.tree.map(lambda w: jax.random.normal(jax.random.key(1), w.shape), variables["experts"]["actor"])
+    extra = {"actor": frozen, "plan_len": jnp.int32(2)}  # rows 0, 1: dependencies; position 2: new expert
+
+    def loss(params, bank):
+        pi, v = policy.apply({"params": params, "experts": {**extra, "actor": bank}}, obs)
+        return pi.logits.sum() + v.sum()
+
+    g_params, g_bank = jax.grad(loss, argnums=(0, 1))(variables["params"], frozen)
+    assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(g_bank))
+    assert float(jnp.abs(g_params["actor"][0]["kernel"]).sum()) > 0
+    # Rows routed to a frozen expert use that expert's weights, exactly.
+    for dispatch in ("gather", "mask"):
+        pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch)
+        pi, _ = pol.apply({"params": variables["params"], "experts": extra}, obs)
+        want = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
+        np.testing.assert_allclose(np.asarray(pi.logits[1:2]), np.asarray(jax.nn.log_softmax(want)), atol=1e-5)
