@@ -1,0 +1,137 @@
+"""The skills CLI: bad input (exit 2 before compiling), and a real TechTree run of four skills that
+is SIGKILLed mid-way and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from jaxrl_hier.skills.cli import main
+from jaxrl_hier.skills.state import STATE_FILE, load_state
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SKILLS_YAML = """\
+- name: collect_wood
+  success: [achievement.collect_wood == 1]
+- name: place_table
+  requires: [collect_wood]
+  success: [achievement.place_table == 1]
+- name: collect_three_wood
+  requires: [collect_wood]
+  success: [inventory.wood >= 3]
+- name: make_wood_pickaxe
+  requires: [place_table]
+  success: [achievement.make_wood_pickaxe == 1]
+"""
+
+CONFIG = """\
+env: TechTree-v0
+library: {library}
+target: all
+max_parallel_skills: 2
+success_rate_threshold: 0.8
+min_episodes: 64
+max_retries: 1
+skill_timesteps: 400000
+min_skill_timesteps: 30720
+updates_per_round: 10
+max_experts: 4
+max_conditions: 2
+ppo: {{num_envs: 64, num_steps: 16, num_minibatches: 4, lr: 0.001, hidden_size: 64, num_layers: 2}}
+"""
+
+
+def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
+    (tmp_path / "skills.yaml").write_text(skills)
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG.format(library=tmp_path / "skills.yaml"))
+    return path
+
+
+@pytest.mark.parametrize("skills,overrides,message", [
+    ("- name: a\n  requires: [b]\n  success: [inventory.wood >= 1]\n"
+     "- name: b\n  requires: [a]\n  success: [inventory.wood >= 1]\n", [], "cycle: a -> b -> a"),
+    ("- name: a\n  requires: [nothing]\n  success: [inventory.wood >= 1]\n", [], "unknown skill 'nothing'"),
+    ("- name: a\n  success: [inventory.gold >= 1]\n", [], "unknown quantity 'inventory.gold'"),
+    (SKILLS_YAML, ["max_paralel_skills=2"], "Did you mean 'max_parallel_skills'"),
+    (SKILLS_YAML, ["ppo.num_envs=64"], "unknown config key 'ppo.num_envs'"),
+    (SKILLS_YAML, ["generator=openai"], "needs 'llm_base_url'"),
+    (SKILLS_YAML, ["generator=planner", "target=fly"], "target 'fly' is not"),
+])
+def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides, message):
+    config = write_config(tmp_path, skills)
+    code = main(["run", "--config", str(config), "--output-dir", str(tmp_path / "out"), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "out" / STATE_FILE).exists()
+
+
+def test_resume_and_status_refuse_what_is_not_a_run(tmp_path, capsys):
+    assert main(["resume", str(tmp_path)]) == 2
+    assert "not a skills run directory" in capsys.readouterr().err
+    (tmp_path / STATE_FILE).write_text("{")
+    assert main(["status", str(tmp_path)]) == 2
+    assert "corrupt" in capsys.readouterr().err and (tmp_path / STATE_FILE).read_text() == "{"
+
+
+def _wait_for(predicate, proc, timeout):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            return False
+        try:
+            if predicate():
+                return True
+        except (OSError, ValueError, KeyError):
+            pass  # the state file is being replaced: look again
+        time.sleep(0.5)
+    return False
+
+
+def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_path):
+    config = write_config(tmp_path)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "jaxrl_hier.skills"]
+    proc = subprocess.Popen(cmd + ["run", "--config", str(config), "--output-dir", str(out), "--no-progress"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def mid_way():  # a skill completed, another has trained past its first checkpoint
+        s = load_state(out)
+        return s.by_status("completed") and any(r.started_round < (s.checkpoint_round or -1)
+                                                for r in s.by_status("running"))
+
+    try:
+        assert _wait_for(mid_way, proc, timeout=420), proc.communicate()[0][-3000:]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    killed = load_state(out)
+    done_before = {r.name: r for r in killed.by_status("completed")}
+    rows_before = {n: len((out / "skills" / r.dirname / "metrics.jsonl").read_text().splitlines())
+                   for n, r in done_before.items()}
+    assert (out / "scheduler.lock").exists()  # left behind by the kill; resume must take it over
+
+    res = subprocess.run(cmd + ["resume", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    state = load_state(out)
+    assert [r.status for r in state.skills] == ["completed"] * 4, res.stdout
+    assert all(r.success_rate >= 0.8 for r in state.skills)
+    for name, before in done_before.items():  # completed before the kill: never trained again
+        after = state.record(name)
+        assert (after.attempts, after.total_steps) == (before.attempts, before.total_steps)
+        assert len((out / "skills" / after.dirname / "metrics.jsonl").read_text().splitlines()) == rows_before[name]
+    spec = json.loads((out / "skills" / state.record("make_wood_pickaxe").dirname / "spec.json").read_text())
+    assert spec["plan"] == ["collect_wood", "place_table"]
+    assert (out / "skills" / state.record("make_wood_pickaxe").dirname / "expert").is_dir()
+    status = subprocess.run(cmd + ["status", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert status.returncode == 0 and "make_wood_pickaxe" in status.stdout and "completed" in status.stdout
