@@ -26,12 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+from jaxrl_hier.bench import device_info
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,22 +39,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_hier.envs import make, make_vec_env
-
-
-def device_info() -> dict:
-    dev = jax.devices()[0]
-    import flax
-    import optax
-
-    return {"device": f"{dev.platform}:{dev.device_kind}", "num_devices": jax.device_count(),
-            "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
-            "python": platform.python_version(), "machine": platform.machine(), "cpu_count": _cpus()}
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 # ---------------------------------------------------------------------------- env stepping

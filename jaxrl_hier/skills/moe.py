@@ -4,8 +4,8 @@ Experts are MLPs held as lists of `{"kernel", "bias"}` layers and stacked on a l
 Each env row is routed to one expert (`idx`). Two ways to evaluate the routed experts:
 
 - `mixture_apply_gather` (default): rows are sorted by expert into blocks of `block_size` rows that
-  each belong to a single expert (each expert's group padded to whole blocks), and every block is
-  multiplied by its own expert's weights. Compute is that of about 1.5 experts whatever the number
+  each belong to a single expert (each expert's group padded to whole blocks), and a loop over the
+  blocks multiplies each by its own expert's weights. Compute is that of about 1.5 experts whatever the number
   of experts: padding adds at most `num_experts * (block_size - 1)` rows, and the block size is
   chosen so that this is at most half the batch.
 - `mixture_apply_mask`: every expert on every row, then a one-hot pick: what Flow-RL does, kept as
@@ -83,10 +83,19 @@ def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callab
     block_expert = jnp.minimum(jnp.searchsorted(padded_end, jnp.arange(num_blocks) * bs, side="right"),
                                num_experts - 1)
     h = h.reshape(num_blocks, bs, -1)
-    for i, layer in enumerate(bank):
-        h = jnp.einsum("nbd,nde->nbe", h, layer["kernel"][block_expert]) + layer["bias"][block_expert][:, None]
-        if i < len(bank) - 1:
-            h = act(h)
+
+    # One block at a time (lax.map is a loop): each block reads its expert's weights in place. A
+    # batched einsum over blocks would first copy a [num_blocks, din, dout] weight gather, which
+    # costs more than the matmuls themselves once there are more than a few experts.
+    def block(args):
+        hb, e = args
+        for i, layer in enumerate(bank):
+            hb = hb @ layer["kernel"][e] + layer["bias"][e]
+            if i < len(bank) - 1:
+                hb = act(hb)
+        return hb
+
+    h = jax.lax.map(block, (h, block_expert))
     return h.reshape(num_blocks * bs, -1)[slot]
 
 
