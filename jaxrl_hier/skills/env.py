@@ -110,8 +110,11 @@ class SkillEnv(Environment):
 
     @property
     def default_params(self) -> SkillEnvParams:
-        # No skill: conditions that hold at once (episodes of one step); used only for idle slots.
-        none = jax.tree.map(lambda x: x[0], self.conditions([None]))
+        # No skill (idle slots): a condition that never holds (q < -inf), so episodes run to the base
+        # env's own end. One that held at once would reset every env on every step, and resets are
+        # the most expensive thing a Craftax step can do (a refill the other slots would wait on).
+        none = jax.tree.map(lambda x: x[0].copy(), self.conditions([None]))
+        none.op[0], none.value[0], none.valid[0] = OPS.index("<"), -np.inf, True
         plan = self.conditions([], rows=self.max_experts)
         return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0)))
 

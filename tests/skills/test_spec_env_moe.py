@@ -180,3 +180,15 @@ def test_moe_policy_trains_only_the_new_expert():
         pi, _ = pol.apply({"params": variables["params"], "experts": extra}, obs)
         want = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
         np.testing.assert_allclose(np.asarray(pi.logits[1:2]), np.asarray(jax.nn.log_softmax(want)), atol=1e-5)
+
+
+def test_idle_slot_params_never_succeed():
+    # An idle slot whose episodes ended at once would reset every env on every step (costly for Craftax).
+    env, _ = make("TechTree-v0")
+    senv = SkillEnv(env, quantities_for(env, SkillLibrary()), max_experts=2, max_conditions=2)
+    p = senv.default_params
+    obs, state = senv.reset(jax.random.key(0), p)
+    for t in range(5):
+        obs, state, r, term, trunc, _ = senv.step(jax.random.key(t), state, jnp.int32(5), p)
+        assert float(r) == 0.0 and not bool(term) and not bool(state.success)
+    assert int(obs["expert"]) == 0  # no dependencies: the (unused) new expert's position
