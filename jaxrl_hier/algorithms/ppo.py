@@ -258,7 +258,10 @@ class PPO:
         `num_seeds` on all three): the skills trainer runs a different skill in every seed slot."""
         init = jax.vmap(self._init_one)
         out_shardings = self.shardings(jax.eval_shape(init, seed_keys, extra_variables, env_params))
-        return jax.jit(init, out_shardings=out_shardings)(seed_keys, extra_variables, env_params)
+        # Built on one device, then laid out: with XLA:CPU (jaxlib 0.10) and 4 simulated devices,
+        # this init compiled with sharded outputs (skill env + MoE policy) hung on its first run; the
+        # cause is not pinned down. It runs once per started skill, small next to a round of training.
+        return jax.device_put(jax.jit(init)(seed_keys, extra_variables, env_params), out_shardings)
 
     def shardings(self, runner: RunnerState) -> RunnerState:
         """Env state and obs split over the `data` axis on their shard axis (axis 1); rest replicated."""
