@@ -29,15 +29,21 @@ def closest(name: str, choices: Sequence[str]) -> str:
     return f" Did you mean '{match[0]}'?" if match else ""
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping, with clear errors for a missing file or a non-mapping document."""
+def read_yaml_document(path: str | Path, what: str = "config file",
+                       hint: str = "Pass an existing YAML file with --config.") -> Any:
+    """Any YAML document, with clear errors for a missing file or invalid YAML (`what` names it)."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}. Pass an existing YAML file with --config.")
+        raise ConfigError(f"{what} not found: {path}. {hint}")
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{what} {path} is not valid YAML: {err}") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with clear errors for a missing file or a non-mapping document."""
+    data = read_yaml_document(path)
     if data is None:
         return {}
     if not isinstance(data, dict):

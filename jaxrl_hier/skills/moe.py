@@ -23,7 +23,7 @@ including the states where a dependency's expert is acting.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import distrax
 import jax

@@ -9,11 +9,10 @@ change the compiled program; a Python predicate becomes one more named quantity.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping
 
 from jaxrl_hier.config import ConfigError, closest
 
@@ -211,24 +210,18 @@ def check_quantities(skill: Skill, quantities: Iterable[str]) -> None:
 
 def load_skills_yaml(path: str | Path) -> SkillLibrary:
     """A library from a YAML file: a list of skills, or a mapping with a `skills:` list."""
-    import yaml
+    from jaxrl_hier.config import read_yaml_document
 
     path = Path(path)
-    if not path.is_file():
-        raise SkillError(f"skill file not found: {path}. Give a YAML list of skills (name, requires, success).")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise SkillError(f"skill file {path} is not valid YAML: {err}") from None
+        data = read_yaml_document(path, "skill file", "Give a YAML list of skills (name, requires, success).")
+    except ConfigError as err:
+        raise SkillError(str(err)) from None
     if isinstance(data, Mapping):
         data = data.get("skills")
     if not isinstance(data, list):
         raise SkillError(f"skill file {path} must hold a list of skills (or a mapping with a 'skills' list).")
     return SkillLibrary(tuple(Skill.from_dict(d, source=f"{path}[{i}]") for i, d in enumerate(data)))
-
-
-def replace(skill: Skill, **changes: Any) -> Skill:
-    return dataclasses.replace(skill, **changes)
 
 
 __all__ = ["OPS", "Condition", "Skill", "SkillError", "SkillLibrary", "check_quantities", "load_skills_yaml"]
