@@ -67,11 +67,13 @@ def make_validator(library: SkillLibrary, catalog: SkillLibrary, quantities: tup
     def validate(data: dict) -> Skill:
         data = dict(data)
         data.pop("max_timesteps", None)  # accepted from LLMs, the budget comes from the config
-        skill = Skill.from_dict(data, source="proposal")
+        name = data.get("name")
+        if isinstance(name, str) and name in catalog and catalog[name].to_dict() == data:
+            skill = catalog[name]  # a catalog skill as it stands, Python predicate included
+        else:
+            skill = Skill.from_dict(data, source="proposal")
         if skill.name in library:
             raise SkillError(f"skill '{skill.name}' already exists; propose a new skill.")
-        if skill.name in catalog and catalog[skill.name].to_dict() == skill.to_dict():
-            skill = catalog[skill.name]  # keep a Python predicate the catalog defines
         grown = library.add(skill, quantities)
         if len(grown.closure(skill.name)) > max_experts:
             raise SkillError(f"skill '{skill.name}' depends on {len(grown.closure(skill.name))} skills; at most "

@@ -192,3 +192,19 @@ def test_idle_slot_params_never_succeed():
         obs, state, r, term, trunc, _ = senv.step(jax.random.key(t), state, jnp.int32(5), p)
         assert float(r) == 0.0 and not bool(term) and not bool(state.success)
     assert int(obs["expert"]) == 0  # no dependencies: the (unused) new expert's position
+
+
+def test_planner_proposes_python_predicate_skills_from_the_catalog():
+    from jaxrl_hier.skills.generators import ProposalContext, TechTreePlanner
+
+    env, _ = make("TechTree-v0")
+    corner = Skill("wood_in_corner", ("collect_wood",), predicate=lambda s: jnp.all(s.pos == 0))
+    catalog = SkillLibrary(techtree_library().subset(["collect_wood"]).skills + (corner,))
+    have = catalog.subset(["collect_wood"])
+    q = tuple(quantities_for(env, catalog))
+    assert "predicate.wood_in_corner" in q
+    ctx = ProposalContext("wood_in_corner", "TechTree-v0", ({"name": "collect_wood", "requires": [],
+                                                             "success": ["achievement.collect_wood == 1"],
+                                                             "status": "completed"},), q)
+    skill = TechTreePlanner(catalog).propose(ctx, make_validator(have, catalog, q, 4, 2))
+    assert skill is corner and skill.predicate is not None
