@@ -1,23 +1,46 @@
-"""Atomic file writes: a crash never leaves a half-written state, config or metrics file."""
+"""Atomic file writes: a crash never leaves a half-written state, config, metrics or model file.
+
+`atomic_writer` is the one mechanism: every file the package writes goes through it (directly,
+or through the `atomic_write_*` shorthands). `fsync_dir` makes a rename or a file creation
+durable; `metrics.jsonl` appends use it when they create the file.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Iterator
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, fsync it, then rename over `path`."""
+def fsync_dir(directory: str | Path) -> None:
+    """fsync a directory, so that a rename or a new entry in it survives a power loss."""
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | Path, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file next to `path` for writing; on a clean exit fsync it, rename it over
+    `path` and fsync the directory. On an error the temporary file is removed and `path` is untouched.
+
+    >>> with atomic_writer("out/metrics.jsonl", "w") as f:
+    ...     f.write("...")
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_writer mode must be 'w' or 'wb', got {mode!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600 files; these are ordinary outputs
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -25,12 +48,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    # Make the rename itself durable.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)  # make the rename itself durable
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    with atomic_writer(path, "wb") as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -1,20 +1,36 @@
-"""Render one evaluation episode of a trained policy to a GIF with the env's own renderer."""
+"""Render one evaluation episode of a trained policy to a GIF with the env's own renderer.
+
+Craftax draws 144x144 frames, too small to watch: `annotate_frames` scales them up (nearest
+neighbour, so blocks stay crisp) and draws the achievements unlocked so far in a text strip
+under each frame (the line holding a newly unlocked one in yellow). It is a pure function of frames and name lists, so it
+is tested without compiling an env.
+"""
 
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+STRIP_BG = (24, 24, 24)
+TEXT = (235, 235, 235)
+NEW = (255, 210, 60)  # achievements unlocked at this very frame
 
-def rollout_frames(trainer, runner, key: jax.Array, max_steps: int) -> np.ndarray:
-    """Frames [T, H, W, 3] of one episode of seed 0's policy (sampled actions), cut at its end."""
+
+def rollout_frames(trainer, runner, key: jax.Array, max_steps: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Frames [T, H, W, 3] of one episode of seed 0's policy (sampled actions), cut at its end, and
+    the achievements unlocked so far at each frame [T, num_achievements] (None if the env has none)."""
     env, env_params = trainer.env, trainer.env_params
-    params = jax.tree.map(lambda x: x[0], runner.train_state.params)
-    extra = jax.tree.map(lambda x: x[0], runner.extra_variables)
+    # Host copies of seed 0's (replicated) weights: the rollout then runs on this process's own
+    # device, so in a multi-process run process 0 can draw it alone.
+    params = jax.tree.map(lambda x: np.asarray(x)[0], runner.train_state.params)
+    extra = jax.tree.map(lambda x: np.asarray(x)[0], runner.extra_variables)
+    has_achievements = hasattr(env, "achievements")
 
     def episode(key):
         key, k_reset = jax.random.split(key)
@@ -24,27 +40,92 @@ def rollout_frames(trainer, runner, key: jax.Array, max_steps: int) -> np.ndarra
             obs, state, key, alive = carry
             key, k_act, k_step = jax.random.split(key, 3)
             frame = env.render(state, env_params)
+            unlocked = env.achievements(state) if has_achievements else jnp.zeros((0,), bool)
             pi, _ = trainer.apply(params, extra, jax.tree.map(lambda x: x[None], obs))
             action = pi.sample(seed=k_act)[0]
             obs, state, _, terminated, truncated, _ = env.step(k_step, state, action, env_params)
-            return (obs, state, key, alive & ~(terminated | truncated)), (frame, alive)
+            return (obs, state, key, alive & ~(terminated | truncated)), (frame, unlocked, alive)
 
-        _, (frames, alive) = jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)
-        return frames, alive
+        _, out = jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)
+        return out
 
-    frames, alive = jax.jit(episode)(key)
-    frames, alive = np.asarray(frames), np.asarray(alive)
-    return frames[alive]
+    frames, unlocked, alive = (np.asarray(x) for x in jax.jit(episode)(key))
+    return frames[alive], (unlocked[alive] if has_achievements else None)
 
 
-def write_episode_gif(trainer, runner, path: str | Path, max_steps: int = 400, seed: int = 0) -> Path:
+def _font(size: int):
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.load_default(size=size)  # Pillow >= 10.1 ships a scalable default font
+    except TypeError:
+        return ImageFont.load_default()
+
+
+def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | None = None, *, scale: int = 4,
+                    font_size: int = 14) -> np.ndarray:
+    """Scale frames [T, H, W, 3] up by `scale` (nearest neighbour) and, when `achievements` is
+    given (one list per frame of the names unlocked so far), add a text strip under each frame.
+
+    Every frame gets a strip of the same height (the tallest needed), so the GIF has one size.
+    """
+    from PIL import Image, ImageDraw
+
+    frames = np.asarray(frames, dtype=np.uint8)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be [T, H, W, 3], got {frames.shape}")
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    big = frames.repeat(scale, axis=1).repeat(scale, axis=2)
+    if achievements is None:
+        return big
+    if len(achievements) != len(frames):
+        raise ValueError(f"{len(frames)} frames but {len(achievements)} achievement lists")
+    font = _font(font_size)
+    width = big.shape[2]
+    line_h = font_size + 4
+    chars = max(8, int(width / (font_size * 0.6)))  # the default font is about 0.55 em wide
+    blocks = [_strip_lines(names, chars) for names in achievements]
+    height = line_h * max(len(lines) for lines in blocks) + 6
+    out = np.empty((len(frames), big.shape[1] + height, width, 3), np.uint8)
+    previous: set[str] = set()
+    for t, (frame, names, lines) in enumerate(zip(big, achievements, blocks)):
+        strip = Image.new("RGB", (width, height), STRIP_BG)
+        draw = ImageDraw.Draw(strip)
+        new = set(names) - previous
+        previous = set(names)
+        for i, line in enumerate(lines):
+            draw.text((4, 3 + i * line_h), line, fill=NEW if i > 0 and new & set(_names_in(line)) else TEXT,
+                      font=font)
+        out[t, : big.shape[1]] = frame
+        out[t, big.shape[1]:] = np.asarray(strip)
+    return out
+
+
+def _strip_lines(names: Sequence[str], chars: int) -> list[str]:
+    head = f"achievements: {len(names)}"
+    body = textwrap.wrap(", ".join(names), chars) if names else []
+    return [head, *body]
+
+
+def _names_in(line: str) -> list[str]:
+    return [n.strip() for n in line.split(",") if n.strip()]
+
+
+def write_episode_gif(trainer, runner, path: str | Path, max_steps: int = 400, seed: int = 0,
+                      scale: int = 4) -> Path:
+    """Roll out one episode and write it, scaled and annotated, as a GIF (atomically)."""
     import imageio.v2 as imageio
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.io import atomic_writer
 
-    frames = rollout_frames(trainer, runner, jax.random.PRNGKey(seed), max_steps)
-    frames = frames.astype(np.uint8)
-    buf = io.BytesIO()
-    imageio.mimsave(buf, list(frames), format="GIF", duration=0.08, loop=0)
-    atomic_write_bytes(path, buf.getvalue())
+    frames, unlocked = rollout_frames(trainer, runner, jax.random.PRNGKey(seed), max_steps)
+    names = None
+    if unlocked is not None and len(trainer.achievement_names) == unlocked.shape[1]:
+        names = [[n for n, on in zip(trainer.achievement_names, row) if on] for row in unlocked]
+    frames = annotate_frames(frames, names, scale=scale)
+    with atomic_writer(path, "wb") as f:
+        buf = io.BytesIO()
+        imageio.mimsave(buf, list(frames), format="GIF", duration=0.08, loop=0)
+        f.write(buf.getvalue())
     return Path(path)

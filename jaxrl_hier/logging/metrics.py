@@ -1,8 +1,10 @@
 """metrics.jsonl, TensorBoard and W&B sinks, and the learning-curve plot.
 
-`metrics.jsonl` gets one JSON object per logged update, flushed and fsynced line by line. On
-resume it is cut back to the records at or before the restored update (rewritten atomically),
-so a resumed run writes exactly the lines an uninterrupted run would have written.
+`metrics.jsonl` gets one JSON object per logged update, flushed and fsynced line by line (and
+the directory fsynced when the file is created). On resume it is cut back to the records at or
+before the restored update, rewritten through `jaxrl_hier.io.atomic_writer`, so a resumed run
+writes exactly the lines an uninterrupted run would have written. In a multi-process run only
+process 0 writes: the others build the writer with `primary=False` and it does nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from jaxrl_hier.io import atomic_write_text
+from jaxrl_hier.io import atomic_write_text, atomic_writer, fsync_dir
 
 
 def _clean(value: Any) -> Any:
@@ -38,15 +40,22 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 class MetricsWriter:
-    """Appends records to `metrics.jsonl` and forwards them to the optional TensorBoard/W&B sinks."""
+    """Appends records to `metrics.jsonl` and forwards them to the optional TensorBoard/W&B sinks.
+
+    `primary=False` (every process but 0 of a multi-process run) makes every method a no-op, so
+    the training loop stays the same on all processes.
+    """
 
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = False, wandb: bool = False,
-                 wandb_project: str = "jaxrl_hier", config: dict | None = None):
+                 wandb_project: str = "jaxrl_hier", config: dict | None = None, primary: bool = True):
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.primary = primary
         self._file = None
         self._tb = None
         self._wandb = None
+        if not primary:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -60,12 +69,19 @@ class MetricsWriter:
 
     def truncate_after(self, update: int) -> None:
         """Keep only records with `update <= update` (resume after a crash)."""
+        if not self.primary:
+            return
         kept = [r for r in read_jsonl(self.path) if r.get("update", 0) <= update]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, record: dict) -> None:
+        if not self.primary:
+            return
         if self._file is None:
+            created = not self.path.exists()
             self._file = open(self.path, "a")
+            if created:  # the new directory entry must survive a crash as well as the lines
+                fsync_dir(self.path.parent)
         record = {k: _clean(v) for k, v in record.items()}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -106,8 +122,8 @@ def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = 
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_writer(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=100)
+    finally:
+        plt.close(fig)
