@@ -43,10 +43,30 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def save(self, step: int, state: Any, meta: Mapping[str, Any]) -> None:
-        """Start saving `state` at `step`; raises the error of a previous failed async save."""
+        """Start saving `state` at `step`; raises the error of a previous failed async save.
+
+        Orbax saves nothing (and returns False) for a step not newer than the latest on disk; a
+        caller that went on would later restore the old checkpoint under the new step's name, so
+        that is a CheckpointError here. A resumed run first drops the steps after the one it
+        resumes from (`delete_newer_than`)."""
         self.wait()
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave(dict(meta, step=step))))
+        saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                                meta=ocp.args.JsonSave(dict(meta, step=step))))
+        if not saved:
+            raise CheckpointError(
+                f"checkpoint step {step} was not saved under {self.directory}: the latest step there is "
+                f"{self.latest_step()}, and Orbax only saves newer steps. Delete the steps after the one the run "
+                "resumed from, or use a new --output-dir.")
+
+    def delete_newer_than(self, step: int | None) -> list[int]:
+        """Delete every step after `step` (all of them for None) and return them: a resumed run
+        replays from `step`, so later checkpoints belong to work that is being redone."""
+        self.wait()
+        self.manager.reload()  # another process may have written steps since this manager listed them
+        newer = sorted(s for s in self.manager.all_steps() if step is None or s > step)
+        for s in newer:
+            self.manager.delete(s)
+        return newer
 
     def wait(self) -> None:
         try:
