@@ -1,32 +1,65 @@
 """The train CLI: `python -m jaxrl_hier.train [--config PATH] [--output-dir DIR] [--resume] [key=value ...]`.
 
-Python only orchestrates here: it validates the config (exit code 2 on bad input, before anything
-compiles), then loops over compiled chunks of `log_every` PPO updates, writing metrics.jsonl,
-a progress bar, and Orbax checkpoints between them. At the end it plots the learning curve and,
-for Craftax, renders one evaluation episode to a GIF.
+The config's `algorithm` key (default `ppo`) picks the trainer from `ALGORITHMS`. Python only
+orchestrates here: it validates the config (exit code 2 on bad input, before anything compiles
+and before any file of the run directory is written), then loops over compiled chunks of
+`log_every` updates, writing metrics.jsonl, a progress bar, and Orbax checkpoints between them.
+At the end it plots the learning curve and, for Craftax, renders one evaluation episode to a GIF.
+
+The pieces every algorithm's CLI needs are public functions here (`resolve_output_dir`,
+`refuse_existing_run`, `check_resume_changes`, `save_run_config`, `progress_bar`, `is_primary`,
+`sync_processes`); `main` turns ConfigError and CheckpointError into `error: ...` and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import math
+import os
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
-from jaxrl_hier.config import ConfigError, load_config, save_config, to_dict
+from jaxrl_hier.config import ConfigError, build_dataclass, closest, parse_overrides, read_yaml, to_dict
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_default.yaml"
+DEFAULT_ALGORITHM = "ppo"
+
+# The trainers `algorithm: <name>` selects, as "module:function" strings imported only when chosen.
+# Contract of the function: `run(args: argparse.Namespace, raw_config: dict) -> int` (exit code).
+# - `raw_config` is the YAML mapping (from --config, the default config, or on --resume the run
+#   directory's config.yaml, unless --config is given) with the key=value overrides applied and
+#   the `algorithm` key removed; `args.config_source` names where it came from (for messages).
+# - `args` holds output_dir, resume, no_progress, distributed (jax.distributed is already
+#   initialised when set).
+# - Bad input raises ConfigError (or CheckpointError) before anything compiles and before any
+#   file of the run directory is written; `main` prints it and exits 2. A fresh run calls
+#   `refuse_existing_run`, a resume `check_resume_changes` with its own safe keys; config.yaml
+#   is written with `save_run_config` (process 0 only) once every check has passed.
+ALGORITHMS: dict[str, str] = {"ppo": "jaxrl_hier.train:run_ppo"}
+
+# PPOConfig keys a resume may change: they touch logging, outputs and checkpoint retention only,
+# never what is learned. Every other key is refused on resume: total_timesteps, num_minibatches
+# and update_epochs change the learning-rate schedule midway, the sizes change array shapes, and
+# seed/env_shards/num_devices change the RNG streams or the layout the checkpoint was saved with.
+PPO_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_gif", "eval_max_steps",
+                        "tensorboard", "wandb", "wandb_project")
 
 # Config keys that fix the shapes inside a checkpoint; a resume must match them.
 STRUCTURAL_KEYS = ("env", "num_envs", "num_seeds", "network", "hidden_size", "num_layers", "reset_mode",
                    "reset_ratio")
 
+# Files whose presence means a directory already holds a run.
+RUN_FILES = ("config.yaml", "metrics.jsonl")
+
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m jaxrl_hier.train",
-        description="Train PPO with rollout, GAE and updates compiled on the device.",
+        description="Train an RL algorithm (the config's `algorithm` key, default ppo) compiled on the device.",
         epilog="Overrides are key=value pairs, e.g. env=gymnax:CartPole-v1 num_envs=64 total_timesteps=100000.",
     )
     parser.add_argument("--config", type=Path, default=None,
@@ -34,34 +67,122 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", type=Path, default=None, help="run directory (default: runs/<env>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
     parser.add_argument("--distributed", action="store_true",
-                        help="call jax.distributed.initialize() first (multi-host; see README)")
+                        help="call jax.distributed.initialize() first; reads JAX_COORDINATOR_ADDRESS, "
+                             "JAX_NUM_PROCESSES, JAX_PROCESS_ID (multi-host; see README)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("overrides", nargs="*", help="config overrides key=value")
     return parser.parse_intermixed_args(argv)  # overrides may come before or after the flags
 
 
-def resolve_config(args: argparse.Namespace):
-    """The run's config and output directory, or ConfigError."""
-    from jaxrl_hier.algorithms.ppo import PPOConfig
+# ----------------------------------------------------------------------------- shared CLI pieces
 
+
+def load_raw_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The config mapping the run starts from, with the overrides applied, and its source path."""
     if args.resume:
         if args.output_dir is None:
             raise ConfigError("--resume needs --output-dir: the run directory to continue.")
         saved = args.output_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"cannot resume: {saved} not found. Is {args.output_dir} a jaxrl_hier run directory?")
-        config = load_config(PPOConfig, args.config or saved, args.overrides)
-        check_logging_deps(config)
-        return config, args.output_dir
-    path = args.config if args.config is not None else DEFAULT_CONFIG
-    config = load_config(PPOConfig, path, args.overrides)
-    check_logging_deps(config)
-    output_dir = args.output_dir or Path("runs") / f"{config.env.replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path = args.config or saved
+    else:
+        path = args.config if args.config is not None else DEFAULT_CONFIG
+    raw = read_yaml(path)
+    raw.update(parse_overrides(args.overrides))
+    return raw, str(path)
+
+
+def algorithm_function(name: Any) -> Callable[[argparse.Namespace, dict], int]:
+    """The registered trainer for `name`, or ConfigError naming the known ones."""
+    if not isinstance(name, str) or name not in ALGORITHMS:
+        hint = closest(name, list(ALGORITHMS)) if isinstance(name, str) else ""
+        raise ConfigError(f"unknown algorithm {name!r}.{hint} Known algorithms: {', '.join(sorted(ALGORITHMS))}.")
+    module, function = ALGORITHMS[name].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def saved_algorithm(output_dir: Path) -> str:
+    return read_yaml(output_dir / "config.yaml").get("algorithm", DEFAULT_ALGORITHM)
+
+
+def resolve_output_dir(args: argparse.Namespace, name: str) -> Path:
+    """--output-dir, or runs/<name>-<time> for a fresh run."""
+    if args.output_dir is not None:
+        return args.output_dir
+    return Path("runs") / f"{name.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def refuse_existing_run(output_dir: Path) -> None:
+    """A fresh run never appends to, or overwrites, an earlier run's files."""
+    found = [name for name in RUN_FILES if (output_dir / name).exists()]
     ckpt = output_dir / "checkpoints"
     if ckpt.is_dir() and any(ckpt.iterdir()):
-        raise ConfigError(f"{output_dir} already holds checkpoints: pass --resume to continue it, "
-                          "or choose another --output-dir.")
-    return config, output_dir
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(f"{output_dir} already holds an earlier run ({', '.join(found)}): pass --resume to "
+                          "continue it, or choose another --output-dir.")
+
+
+def check_resume_changes(saved: Any, config: Any, safe_keys: Sequence[str]) -> None:
+    """Refuse a resume whose config differs from the saved one in a key outside `safe_keys`."""
+    for field in dataclasses.fields(config):
+        before, after = getattr(saved, field.name), getattr(config, field.name)
+        if before != after and field.name not in safe_keys:
+            raise ConfigError(
+                f"cannot change '{field.name}' on --resume ({before!r} in the run, {after!r} asked): it changes "
+                f"what the run learns. Keys a resume may change: {', '.join(safe_keys)}. Start a new run with "
+                "another --output-dir to change it."
+            )
+
+
+def load_saved_config(cls: type, output_dir: Path) -> Any:
+    """The config a run directory was started with (its config.yaml without the `algorithm` key)."""
+    raw = read_yaml(output_dir / "config.yaml")
+    raw.pop("algorithm", None)
+    return build_dataclass(cls, raw, source=str(output_dir / "config.yaml"))
+
+
+def save_run_config(path: Path, algorithm: str, config: Any) -> None:
+    """config.yaml with `algorithm` first, atomically, on process 0 only."""
+    import yaml
+
+    from jaxrl_hier.io import atomic_write_text
+
+    if is_primary():
+        atomic_write_text(path, yaml.safe_dump({"algorithm": algorithm, **to_dict(config)}, sort_keys=False))
+
+
+def is_primary() -> bool:
+    """Process 0 writes the run's files; the others only compute (and join Orbax's saves)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def sync_processes(name: str) -> None:
+    """A barrier across processes (no-op with one): nobody writes before every process has checked."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def progress_bar(args: argparse.Namespace, total: int, initial: int, desc: str):
+    """A tqdm bar on process 0 (None with --no-progress or on other processes)."""
+    if args.no_progress or not is_primary():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", unit_scale=True, dynamic_ncols=True, desc=desc)
+
+
+def log(message: str) -> None:
+    """A status line on stderr, from process 0 only."""
+    if is_primary():
+        print(message, file=sys.stderr)
 
 
 def check_logging_deps(config) -> None:
@@ -73,6 +194,31 @@ def check_logging_deps(config) -> None:
             raise ConfigError(f"{extra}=true needs the {module} package: pip install -e '.[{extra}]'")
 
 
+def init_distributed() -> None:
+    """jax.distributed.initialize() with JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
+    when set (JAX itself reads only the first); unset ones are left to its cluster detection
+    (SLURM, Open MPI, TPU pods). CPU processes talk through gloo, JAX's default CPU collectives."""
+    import jax
+
+    kwargs: dict[str, Any] = {}
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        kwargs["coordinator_address"] = os.environ["JAX_COORDINATOR_ADDRESS"]
+    for var, key in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
+        if os.environ.get(var):
+            try:
+                kwargs[key] = int(os.environ[var])
+            except ValueError:
+                raise ConfigError(f"{var} must be an integer, got {os.environ[var]!r}.") from None
+    try:
+        jax.distributed.initialize(**kwargs)
+    except ValueError as err:  # nothing set and no cluster detected
+        raise ConfigError(f"--distributed: {err} Set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
+                          "JAX_PROCESS_ID, or run under SLURM/MPI.") from None
+
+
+# ----------------------------------------------------------------------------- PPO
+
+
 def checkpoint_meta(trainer) -> dict:
     c = trainer.config
     meta = {k: getattr(c, k) for k in STRUCTURAL_KEYS}
@@ -82,9 +228,20 @@ def checkpoint_meta(trainer) -> dict:
     return meta
 
 
-def run(args: argparse.Namespace) -> int:
-    # Everything that can be wrong with the input is checked here, before any compile.
-    config, output_dir = resolve_config(args)
+def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
+    """PPO through the CLI (the `ppo` entry of ALGORITHMS)."""
+    from jaxrl_hier.algorithms.ppo import PPOConfig
+
+    # Everything that can be wrong with the input is checked here, before any compile or write.
+    config = build_dataclass(PPOConfig, raw_config, source=getattr(args, "config_source", "config"))
+    check_logging_deps(config)
+    if args.resume:
+        output_dir = args.output_dir
+        check_resume_changes(load_saved_config(PPOConfig, output_dir), config, PPO_RESUME_SAFE_KEYS)
+    else:
+        output_dir = resolve_output_dir(args, config.env)
+        refuse_existing_run(output_dir)
+
     import jax
 
     from jaxrl_hier.algorithms.ppo import make_train, metrics_to_records
@@ -92,33 +249,33 @@ def run(args: argparse.Namespace) -> int:
     from jaxrl_hier.logging import MetricsWriter, plot_learning_curve, read_jsonl
 
     trainer = make_train(config)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    save_config(config, output_dir / "config.yaml")
+    sync_processes("jaxrl_hier.train:checked")  # every process has looked at the directory before any writes
+    primary = is_primary()
     ckpt = Checkpointer(output_dir / "checkpoints", keep=config.keep_checkpoints)
-    writer = MetricsWriter(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
-                           wandb_project=config.wandb_project, config=to_dict(config))
     meta = checkpoint_meta(trainer)
-
     t0 = time.perf_counter()
     runner = trainer.init(jax.random.PRNGKey(config.seed))
     start = 0
-    if args.resume and ckpt.latest_step() is not None:
-        start = ckpt.latest_step()
-        runner, _ = ckpt.restore(start, runner, expect=meta)
+    try:
+        if args.resume and ckpt.latest_step() is not None:
+            start = ckpt.latest_step()
+            runner, _ = ckpt.restore(start, runner, expect=meta)
+            log(f"resumed {output_dir} at update {start}")
+        elif args.resume:
+            log(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch")
+    except BaseException:
+        ckpt.close()
+        raise
+    # Every check passed (the checkpoint is restored): only now the run directory's files change.
+    save_run_config(output_dir / "config.yaml", "ppo", config)
+    writer = MetricsWriter(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
+                           wandb_project=config.wandb_project, config=to_dict(config), primary=primary)
+    if args.resume:
         writer.truncate_after(start)
-        print(f"resumed {output_dir} at update {start}", file=sys.stderr)
-    elif args.resume:
-        print(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch", file=sys.stderr)
-        writer.truncate_after(0)
 
     total = config.num_updates
     steps_per_update = config.steps_per_update
-    progress = None
-    if not args.no_progress:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(total=total * steps_per_update, initial=start * steps_per_update, unit="step",
-                        unit_scale=True, dynamic_ncols=True, desc=config.env)
+    progress = progress_bar(args, total * steps_per_update, start * steps_per_update, config.env)
     update = start
     compile_s = None
     try:
@@ -141,13 +298,15 @@ def run(args: argparse.Namespace) -> int:
                 progress.set_postfix(fps=f"{rec['fps']:.0f}",
                                      ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
             if update == total or (config.checkpoint_every and update % config.checkpoint_every == 0):
-                ckpt.save(update, runner, meta)
+                ckpt.save(update, runner, meta)  # every process: Orbax coordinates a multi-process save
     finally:
         if progress is not None:
             progress.close()
         ckpt.close()
         writer.close()
 
+    if not primary:
+        return 0
     records = read_jsonl(output_dir / "metrics.jsonl")
     plot_learning_curve(records, output_dir / "learning_curve.png", title=config.env)
     if config.eval_gif and trainer.env.name.startswith("Craftax"):
@@ -156,9 +315,8 @@ def run(args: argparse.Namespace) -> int:
         write_episode_gif(trainer, runner, output_dir / "episode.gif", max_steps=config.eval_max_steps)
     first = next((r["episode_return"] for r in records if r.get("episode_return") is not None), None)
     last = next((r["episode_return"] for r in reversed(records) if r.get("episode_return") is not None), None)
-    print(f"done: {update} updates, {update * steps_per_update} env steps in {time.perf_counter() - t0:.1f}s "
-          f"(first compile {compile_s or 0:.1f}s); episode return {first} -> {last}; outputs in {output_dir}",
-          file=sys.stderr)
+    log(f"done: {update} updates, {update * steps_per_update} env steps in {time.perf_counter() - t0:.1f}s "
+        f"(first compile {compile_s or 0:.1f}s); episode return {first} -> {last}; outputs in {output_dir}")
     return 0
 
 
@@ -176,27 +334,39 @@ def _merge_chunk(all_records: list[dict]) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.distributed:
-        import jax
+# ----------------------------------------------------------------------------- entry point
 
-        jax.distributed.initialize()
+
+def run(args: argparse.Namespace) -> int:
+    """Read the config, pick the algorithm, and hand over to its trainer."""
+    raw, args.config_source = load_raw_config(args)
+    name = raw.pop("algorithm", DEFAULT_ALGORITHM)
+    function = algorithm_function(name)
+    if args.resume and name != saved_algorithm(args.output_dir):
+        raise ConfigError(f"cannot change 'algorithm' on --resume: {args.output_dir} is a "
+                          f"{saved_algorithm(args.output_dir)} run, not {name}.")
+    return function(args, raw)
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
+        args = parse_args(argv)
+        if args.distributed:
+            init_distributed()
         return run(args)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Exception as err:  # a checkpoint that cannot be restored is bad input too
-        from jaxrl_hier.checkpointing import CheckpointError
-
-        if not isinstance(err, CheckpointError):
-            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: resume with --resume --output-dir <dir>", file=sys.stderr)
         return 130
+    except Exception as err:  # a checkpoint that cannot be restored is bad input too
+        from jaxrl_hier.checkpointing import CheckpointError  # imported late: Orbax is slow to import
+
+        if not isinstance(err, CheckpointError):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
