@@ -1,0 +1,97 @@
+"""Procedural arithmetic: "5+3*4=" -> "#### 17", optionally with a worked solution.
+
+Prompts stay short for tiny char-level models: the expression and "=". The completion may work
+the expression out one operation per line in standard precedence (multiplications first, then
+left to right), each line "a op b=c", and always ends with the answer line:
+
+    prompt "5+3*4="   target (worked) "3*4=12\\n5+12=17\\n#### 17"   target (plain) "#### 17"
+
+Answers can be negative ("2-9=" -> "#### -7"). A problem belongs to the test split when a hash
+of its expression falls below `test_fraction`, so train and test never share an expression,
+whatever the seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.tasks.answers import answers_equal, extract_answer
+from jaxrl_hier.tasks.base import Problem, check_split_args, sample_split
+from jaxrl_hier.tasks.safe_eval import safe_eval
+
+
+def worked_steps(operands: list[int], ops: list[str]) -> tuple[list[str], int]:
+    """The solution lines of `operands[0] ops[0] operands[1] ...`, one operation each, in
+    standard precedence, and the value. Multiplications go first (leftmost first), then + and -
+    from left to right."""
+    values, ops = list(operands), list(ops)
+    lines = []
+    while ops:
+        i = ops.index("*") if "*" in ops else 0
+        a, op, b = values[i], ops[i], values[i + 1]
+        c = a * b if op == "*" else a + b if op == "+" else a - b
+        lines.append(f"{a}{op}{b}={c}")
+        values[i:i + 2] = [c]
+        del ops[i]
+    return lines, values[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+    """Expressions of `steps` operations drawn from `operators` over operands with up to `digits`
+    digits (0 to 10**digits - 1). `worked=True` puts the step-by-step solution in the SFT target."""
+
+    operators: str = "+-*"
+    digits: int = 2
+    steps: int = 2
+    worked: bool = False
+    test_fraction: float = 0.1
+    name: str = "arithmetic"
+    answer_checkable_on_device = True  # the answer line alone decides correctness
+
+    def __post_init__(self):
+        if not isinstance(self.operators, str) or not self.operators or set(self.operators) - set("+-*") \
+                or len(set(self.operators)) != len(self.operators):
+            raise ConfigError(f"arithmetic: operators must be a non-empty string of distinct characters "
+                              f"from '+-*', got {self.operators!r}.")
+        for key, low, high in (("digits", 1, 9), ("steps", 1, 16)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"arithmetic: {key} must be an integer in [{low}, {high}], got {value!r}.")
+        if not isinstance(self.worked, bool):
+            raise ConfigError(f"arithmetic: worked must be true or false, got {self.worked!r}.")
+        if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
+                or not 0.0 < self.test_fraction < 1.0:
+            raise ConfigError(f"arithmetic: test_fraction must be in (0, 1), got {self.test_fraction!r}.")
+
+    def make_problem(self, operands: list[int], ops: list[str]) -> Problem:
+        """The problem for a given expression (also used by tests and demos)."""
+        expression = "".join(f"{a}{op}" for a, op in zip(operands, ops)) + str(operands[-1])
+        lines, value = worked_steps(operands, ops)
+        assert value == safe_eval(expression).value  # the worked solution follows precedence
+        answer = str(value)
+        target = "\n".join((lines if self.worked else []) + [f"#### {answer}"])
+        return Problem(prompt=f"{expression}=", answer=answer, target=target,
+                       meta={"expression": expression})
+
+    def _draw(self, rng: np.random.Generator) -> Problem:
+        operands = [int(x) for x in rng.integers(0, 10**self.digits, self.steps + 1)]
+        ops = [self.operators[i] for i in rng.integers(0, len(self.operators), self.steps)]
+        return self.make_problem(operands, ops)
+
+    def problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """n problems of `split` ("train" or "test"), deterministic in `seed` (repeats possible)."""
+        check_split_args(split, n, seed)
+        return sample_split(self._draw, lambda p: f"{self.name}:{p.meta['expression']}", split, n, seed,
+                            self.test_fraction, self.name)
+
+    def is_well_formed(self, problem: Problem, completion: str) -> bool:
+        """An answer line "#### <number>" is present."""
+        return extract_answer(completion) is not None
+
+    def is_correct(self, problem: Problem, completion: str) -> bool:
+        """The answer line's number equals the answer (worked lines are not checked)."""
+        return answers_equal(extract_answer(completion), problem.answer)

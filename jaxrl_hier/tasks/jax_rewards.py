@@ -1,0 +1,209 @@
+"""Rewards on token ids in pure jax.numpy, so a whole GRPO step can be one compiled program.
+
+They implement exactly the answer-line rule of `answers.extract_answer` (first "####", spaces,
+optional sign, digits with ignored commas, optional ".digits", trailing text ignored, exact
+decimal comparison) on token ids, for tokenizers that write digits, "-", "+", ",", "." and " "
+as single tokens (the char tokenizer; Llama-3 and Qwen split digits too). A token that is not one
+of these (EOS, other specials, multi-character tokens) ends a number.
+
+Inputs, per batch of B completions of length L:
+  tokens     int32 [B, L]  completion ids
+  mask       [B, L]        1 up to and including EOS, 0 after (padding)
+  answer_ids int32 [B, A]  each row's reference answer as ids, padded with -1 (`encode_answers`)
+The completion's text is its tokens up to the first EOS or the first 0 in the mask, whichever
+comes first; `decode_completions` gives the same texts for the Python rewards (specials inside
+the text become one "\\ufffd" each, so lengths and positions line up).
+
+Everything is vmap- and jit-friendly: no Python control flow on values. For Countdown the answer
+line alone does not decide correctness (the expression must be checked): use the Python rewards
+there (`task.answer_checkable_on_device` is False).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.tasks.answers import MARKER, canonical_number
+from jaxrl_hier.tasks.base import overlong_penalty
+
+# Token kinds for the number grammar.
+OTHER, DIGIT, SPACE, MINUS, PLUS, COMMA, DOT = range(7)
+_KIND_OF_TEXT = {" ": SPACE, "-": MINUS, "+": PLUS, ",": COMMA, ".": DOT}
+REPLACEMENT = "\ufffd"
+
+
+class AnswerTokenSpec(NamedTuple):
+    """What the on-device rewards need to know about a tokenizer (a pytree of arrays).
+
+    kind: int32 [V+1], the grammar kind of each id (the extra last entry, OTHER, is where ids
+    outside the vocabulary and -1 padding are looked up). digit: int32 [V+1], the digit value or
+    -1. marker: int32 [M], the ids of "####". eos_id: int32 scalar.
+    """
+
+    kind: jax.Array
+    digit: jax.Array
+    marker: jax.Array
+    eos_id: jax.Array
+
+
+def answer_token_spec(tokenizer: Any, marker: str = MARKER) -> AnswerTokenSpec:
+    """Build the spec from a Hugging Face tokenizer; ConfigError if it has no EOS, does not write
+    each digit as one token, or cannot encode the marker."""
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("answer_token_spec: the tokenizer has no eos_token; set one.")
+    size = len(tokenizer)
+    special = set(tokenizer.all_special_ids)
+    texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=False,
+                                   clean_up_tokenization_spaces=False)
+    kind = np.full(size + 1, OTHER, np.int32)
+    digit = np.full(size + 1, -1, np.int32)
+    for i, text in enumerate(texts):
+        if i in special:
+            continue
+        if len(text) == 1 and text in "0123456789":
+            kind[i], digit[i] = DIGIT, int(text)
+        elif text in _KIND_OF_TEXT:
+            kind[i] = _KIND_OF_TEXT[text]
+    missing = sorted(set("0123456789") - {texts[i] for i in np.flatnonzero(kind == DIGIT)})
+    if missing:
+        raise ConfigError(f"answer_token_spec: the tokenizer has no single-token digits {missing}; "
+                          "the on-device rewards need one token per digit (use the Python rewards).")
+    marker_ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+    if not marker_ids or tokenizer.decode(marker_ids) != marker:
+        raise ConfigError(f"answer_token_spec: the tokenizer does not encode {marker!r} reversibly.")
+    return AnswerTokenSpec(jnp.asarray(kind), jnp.asarray(digit), jnp.asarray(marker_ids, jnp.int32),
+                           jnp.asarray(tokenizer.eos_token_id, jnp.int32))
+
+
+def encode_answers(tokenizer: Any, answers: Sequence[str], width: int | None = None) -> np.ndarray:
+    """Reference answers as int32 [B, width] ids padded with -1 (width: the longest, by default).
+
+    Each answer is put in canonical form first ("1,234.50" -> "1234.5")."""
+    rows = []
+    for answer in answers:
+        canonical = canonical_number(str(answer))
+        if canonical is None:
+            raise ConfigError(f"encode_answers: {answer!r} is not a number.")
+        rows.append(tokenizer(canonical, add_special_tokens=False)["input_ids"])
+    longest = max((len(r) for r in rows), default=0)
+    width = max(longest, 1) if width is None else width
+    if longest > width:
+        raise ConfigError(f"encode_answers: an answer needs {longest} tokens but width={width}; raise width.")
+    out = np.full((len(rows), width), -1, np.int32)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+def decode_completions(tokenizer: Any, tokens: Any, mask: Any) -> list[str]:
+    """The texts the on-device rewards see: each row cut at its first EOS or first 0 in the mask,
+    special (or out-of-vocabulary) ids rendered as one U+FFFD each, the rest decoded."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    special = set(tokenizer.all_special_ids)
+    size, eos = len(tokenizer), tokenizer.eos_token_id
+    texts = []
+    for row, row_mask in zip(tokens, mask):
+        keep = np.cumprod((row_mask != 0) & (row != eos)).astype(bool)
+        pieces, run = [], []
+        for i in row[keep].tolist():
+            if i in special or not 0 <= i < size:
+                pieces.append(tokenizer.decode(run, clean_up_tokenization_spaces=False) + REPLACEMENT)
+                run = []
+            else:
+                run.append(i)
+        pieces.append(tokenizer.decode(run, clean_up_tokenization_spaces=False))
+        texts.append("".join(pieces))
+    return texts
+
+
+# ----------------------------------------------------------------------------- one row
+
+
+def _lookup(table: jax.Array, ids: jax.Array) -> jax.Array:
+    size = table.shape[0] - 1
+    return table[jnp.where((ids >= 0) & (ids < size), ids, size)]
+
+
+def _text_mask(tokens: jax.Array, mask: jax.Array, eos_id: jax.Array) -> jax.Array:
+    """True on the completion's text: before the first EOS and before the first 0 in the mask."""
+    return jnp.cumprod((mask != 0) & (tokens != eos_id)).astype(bool)
+
+
+def _find_marker(tokens: jax.Array, text: jax.Array, marker: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(found, index just after the first marker) for one row."""
+    length, width = tokens.shape[0], marker.shape[0]
+    tok = jnp.concatenate([tokens, jnp.full(width, -1, tokens.dtype)])
+    ok = jnp.concatenate([text, jnp.zeros(width, bool)])
+    hit = jnp.ones(length, bool)
+    for k in range(width):  # static, len("####") steps
+        hit &= (tok[k:k + length] == marker[k]) & ok[k:k + length]
+    return hit.any(), jnp.argmax(hit) + width
+
+
+def _parse_number(kind: jax.Array, digit: jax.Array, width: int):
+    """Parse `" "* sign? digit (digit|",")* ("." digit+)?` at the start of one row of kinds.
+
+    Returns (ok, negative, integer digits right-aligned [width], fraction digits left-aligned
+    [width]); zero-filled alignment makes the comparison ignore leading and trailing zeros."""
+    size = kind.shape[0]
+    pos = jnp.arange(size)
+
+    def at(flags, i):
+        return jnp.where(i < size, flags[jnp.minimum(i, size - 1)], False)
+
+    is_digit = kind == DIGIT
+    start = jnp.sum(jnp.cumprod(kind == SPACE))
+    signed = at((kind == MINUS) | (kind == PLUS), start)
+    negative = at(kind == MINUS, start)
+    start = start + signed
+    ok = at(is_digit, start)
+    whole = (pos >= start) & jnp.cumprod(jnp.where(pos >= start, is_digit | (kind == COMMA), True)).astype(bool)
+    end = start + jnp.sum(whole)
+    has_frac = at(kind == DOT, end) & at(is_digit, end + 1)
+    frac = has_frac & (pos > end) & jnp.cumprod(jnp.where(pos > end, is_digit, True)).astype(bool)
+    whole_digit = whole & is_digit
+    rank = jnp.sum(whole_digit) - jnp.cumsum(whole_digit)  # digits to the right of each position
+    int_digits = jnp.zeros(width, jnp.int32).at[jnp.where(whole_digit & ok, rank, width)].set(digit, mode="drop")
+    frac_digits = jnp.zeros(width, jnp.int32).at[jnp.where(frac & ok, pos - end - 1, width)].set(digit, mode="drop")
+    nonzero = jnp.any(int_digits != 0) | jnp.any(frac_digits != 0)
+    return ok, negative & nonzero, int_digits, frac_digits
+
+
+def _row(tokens, mask, answer_ids, spec: AnswerTokenSpec):
+    length = tokens.shape[0]
+    width = max(length, answer_ids.shape[0])
+    text = _text_mask(tokens, mask, spec.eos_id)
+    found, after = _find_marker(tokens, text, spec.marker)
+    idx = after + jnp.arange(length)
+    inside = (idx < length) & text[jnp.minimum(idx, length - 1)]
+    window = tokens[jnp.minimum(idx, length - 1)]
+    kind = jnp.where(inside, _lookup(spec.kind, window), OTHER)
+    ok, neg, whole, frac = _parse_number(kind, _lookup(spec.digit, window), width)
+    ok &= found
+    a_ok, a_neg, a_whole, a_frac = _parse_number(_lookup(spec.kind, answer_ids), _lookup(spec.digit, answer_ids), width)
+    correct = ok & a_ok & (neg == a_neg) & jnp.all(whole == a_whole) & jnp.all(frac == a_frac)
+    return correct.astype(jnp.float32), ok.astype(jnp.float32), jnp.sum(text).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- batched API
+
+
+def answer_rewards(tokens: jax.Array, mask: jax.Array, answer_ids: jax.Array,
+                   spec: AnswerTokenSpec) -> dict[str, jax.Array]:
+    """Per row: "correct" float32 [B] (1.0 when the answer line's number equals the reference),
+    "well_formed" float32 [B] (1.0 when the answer line holds a number, as
+    `extract_answer(text) is not None`), and "length" int32 [B] (tokens before EOS)."""
+    correct, well_formed, length = jax.vmap(_row, in_axes=(0, 0, 0, None))(
+        jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(answer_ids), spec)
+    return {"correct": correct, "well_formed": well_formed, "length": length}
+
+
+def length_penalty(lengths: jax.Array, max_len: int, buffer: int | None = None, penalty: float = 1.0) -> jax.Array:
+    """The on-device twin of `base.length_penalty` (same formula, same defaults) on lengths [B]."""
+    buffer = max_len // 4 if buffer is None else buffer
+    return overlong_penalty(jnp.asarray(lengths, jnp.float32), max_len, buffer, penalty, xp=jnp)
