@@ -19,6 +19,14 @@ Minibatches are device-invariant too: for every env, the ``num_steps`` samples a
 a key folded from the env's *global* index, and minibatch k takes slice k of each env's
 permutation. So every minibatch holds ``num_steps / num_minibatches`` random steps of every env,
 and each device holds the same share of it.
+
+Recurrent networks (``network: gru``, or any module with ``is_recurrent = True``) carry a hidden
+state per env in the runner state, zeroed when an episode ends (terminated or truncated).
+Their minibatches keep whole sequences: they are split over envs, not time. Each env shard
+permutes its envs with a key folded from the shard's global index, and minibatch k takes slice k
+of every shard's permutation (``num_envs / num_minibatches`` whole trajectories in all); the
+network is re-run over each trajectory from the hidden state the env had at the start of the
+rollout, with the same resets.
 """
 
 from __future__ import annotations
@@ -62,8 +70,9 @@ class PPOConfig:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 1.0
-    network: str = "auto"  # "mlp", "cnn", or "auto" (cnn for image observations)
+    network: str = "auto"  # "mlp", "cnn", "gru" (recurrent), or "auto" (cnn for image observations, else mlp)
     hidden_size: int = 512
+    rnn_hidden_size: int = 0  # GRU units for network "gru"; 0: hidden_size
     num_layers: int = 3
     activation: str = "tanh"
     seed: int = 0
@@ -89,26 +98,18 @@ class PPOConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
-        for name in ["num_devices", "env_shards", "checkpoint_every"]:
+        for name in ["num_devices", "env_shards", "checkpoint_every", "rnn_hidden_size"]:
             if getattr(self, name) < 0:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
         if not 0.0 < self.lr:
             raise ConfigError(f"'lr' must be positive, got {self.lr}.")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
-        if self.network not in ("auto", "mlp", "cnn"):
-            raise ConfigError(f"'network' must be 'auto', 'mlp' or 'cnn', got '{self.network}'.")
+        if self.network not in ("auto", "mlp", "cnn", "gru"):
+            raise ConfigError(f"'network' must be 'auto', 'mlp', 'cnn' or 'gru', got '{self.network}'.")
         if self.activation not in ("tanh", "relu", "gelu"):
             raise ConfigError(f"'activation' must be 'tanh', 'relu' or 'gelu', got '{self.activation}'.")
-        if self.num_steps % self.num_minibatches:
-            raise ConfigError(
-                f"num_steps ({self.num_steps}) must be divisible by num_minibatches ({self.num_minibatches}): "
-                "every minibatch takes num_steps / num_minibatches steps of every env."
-            )
-        if self.num_envs % self.num_minibatches:
-            raise ConfigError(
-                f"num_envs ({self.num_envs}) must be divisible by num_minibatches ({self.num_minibatches})."
-            )
+        self.check_minibatches(recurrent=self.network == "gru", env_shards=1)
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
             raise ConfigError(
                 f"checkpoint_every ({self.checkpoint_every}) must be a multiple of log_every ({self.log_every})."
@@ -117,6 +118,22 @@ class PPOConfig:
             raise ConfigError(
                 f"total_timesteps ({self.total_timesteps}) is smaller than one update of "
                 f"num_envs x num_steps = {self.num_envs * self.num_steps} steps."
+            )
+
+    def check_minibatches(self, recurrent: bool, env_shards: int) -> None:
+        """The one divisibility each minibatch split needs (see the module docstring)."""
+        mb = self.num_minibatches
+        if not recurrent and self.num_steps % mb:
+            raise ConfigError(
+                f"num_steps ({self.num_steps}) must be divisible by num_minibatches ({mb}): every minibatch takes "
+                "num_steps / num_minibatches time steps of every env. Change num_minibatches or num_steps."
+            )
+        if recurrent and (self.num_envs // env_shards) % mb:
+            per_shard = f" per env shard ({self.num_envs // env_shards} with {env_shards} shards)" if env_shards > 1 else ""
+            raise ConfigError(
+                f"num_envs ({self.num_envs}){per_shard} must be divisible by num_minibatches ({mb}): a recurrent "
+                "network trains on whole env trajectories, num_envs / num_minibatches of them per minibatch. "
+                "Change num_minibatches or num_envs."
             )
 
     @property
@@ -159,6 +176,7 @@ class RunnerState(struct.PyTreeNode):
     extra_variables: Any  # non-trainable network variables (e.g. frozen experts), [seeds, ...]
     key: jax.Array  # [seeds, 2]
     update: jax.Array  # [seeds] int32: updates done
+    hidden: Any = None  # recurrent networks: [seeds, shards, envs_per_shard, ...] per-env hidden state
 
 
 class Transition(NamedTuple):
@@ -170,6 +188,34 @@ class Transition(NamedTuple):
     terminated: jax.Array
     truncated: jax.Array
     final_value: jax.Array
+
+
+def ppo_loss(log_prob, entropy, value, old_log_prob, old_value, advantages, targets, *, clip_eps: float,
+             vf_coef: float, ent_coef: float, axis_name: str | None = None) -> tuple[jax.Array, dict]:
+    """The clipped PPO objective of one minibatch: (total loss, metrics). All arrays share one shape
+    and every mean runs over all their elements.
+
+    Policy: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A)) with r = exp(log_prob - old_log_prob) and A
+    the advantages normalised to mean 0, std 1. Value: 0.5 mean(max((v - t)^2, (v_clip - t)^2)) with
+    v_clip = old_value + clip(value - old_value, -eps, eps). Total: policy + vf_coef value - ent_coef
+    entropy. Under shard_map pass `axis_name`: the normalisation then uses the statistics of the whole
+    minibatch across devices, not this device's share (every device holds the same count).
+    """
+    value_clipped = old_value + (value - old_value).clip(-clip_eps, clip_eps)
+    value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
+    ratio = jnp.exp(log_prob - old_log_prob)
+    mean, mean_sq = advantages.mean(), jnp.square(advantages).mean()
+    if axis_name is not None:
+        mean, mean_sq = jax.lax.pmean(mean, axis_name), jax.lax.pmean(mean_sq, axis_name)
+    std = jnp.sqrt(jnp.maximum(mean_sq - mean**2, 0.0))
+    adv = (advantages - mean) / (std + 1e-8)
+    actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv).mean()
+    entropy = entropy.mean()
+    total = actor_loss + vf_coef * value_loss - ent_coef * entropy
+    approx_kl = ((ratio - 1) - jnp.log(ratio)).mean()
+    clip_frac = (jnp.abs(ratio - 1) > clip_eps).mean()
+    return total, {"loss": total, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
+                   "approx_kl": approx_kl, "clip_frac": clip_frac}
 
 
 def _episode_metrics(info: dict, achievement_names: tuple[str, ...]) -> dict[str, jax.Array]:
@@ -224,8 +270,35 @@ class PPO:
         lr = optax.linear_schedule(c.lr, 0.0, total) if c.anneal_lr else c.lr
         return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5))
 
+    @property
+    def recurrent(self) -> bool:
+        return bool(getattr(self.network, "is_recurrent", False))
+
     def apply(self, params, extra, obs):
+        """Feed-forward networks: (pi, value) of a batch of observations."""
         return self.network.apply({"params": params, **extra}, obs)
+
+    def _step_net(self, params, extra, hidden, obs):
+        """One step of a batch of envs: (new hidden, pi, value); pi and value get a leading time axis
+        of 1 for recurrent networks (hidden None for feed-forward ones)."""
+        if not self.recurrent:
+            return None, *self.apply(params, extra, obs)
+        seq = jax.tree.map(lambda x: x[None], obs)
+        reset = jnp.zeros((1, hidden.shape[0]), bool)  # the rollout zeroes finished envs' hidden itself
+        return self.network.apply({"params": params, **extra}, hidden, seq, reset)
+
+    def _act(self, params, extra, hidden, obs, key):
+        """(new hidden, action, log_prob, value) of one step, each [n, ...]."""
+        hidden, pi, value = self._step_net(params, extra, hidden, obs)
+        action = pi.sample(seed=key)
+        log_prob = pi.log_prob(action)
+        if self.recurrent:
+            action, log_prob, value = action[0], log_prob[0], value[0]
+        return hidden, action, log_prob, value
+
+    def _value(self, params, extra, hidden, obs):
+        value = self._step_net(params, extra, hidden, obs)[2]
+        return value[0] if self.recurrent else value
 
     def _init_one(self, key: jax.Array, extra: dict, env_params: Any = None) -> RunnerState:
         """The runner state of one seed (no seed axis)."""
@@ -235,11 +308,18 @@ class PPO:
         shard_keys = jax.random.split(k_env, self.num_shards)
         obs, env_state = jax.vmap(vec.reset)(shard_keys)
         sample_obs = jax.tree.map(lambda x: x[0, :1], obs)
-        variables = self.network.init(k_net, sample_obs)
+        hidden = None
+        if self.recurrent:
+            hidden = self.network.initialize_carry((self.num_shards, self.envs_per_shard))
+            variables = self.network.init(k_net, hidden[0, :1], jax.tree.map(lambda x: x[None], sample_obs),
+                                          jnp.zeros((1, 1), bool))
+        else:
+            variables = self.network.init(k_net, sample_obs)
         params = variables["params"]
         extra = {**{k: v for k, v in variables.items() if k != "params"}, **extra}
         opt_state = self.optimizer().init(params)
-        runner = RunnerState(TrainState(params, opt_state), env_state, obs, env_params, extra, key, jnp.int32(0))
+        runner = RunnerState(TrainState(params, opt_state), env_state, obs, env_params, extra, key, jnp.int32(0),
+                             hidden)
         # Envs build some state from Python scalars (weakly typed); the updated state is strongly
         # typed, and jit caches on weak types, so make them strong now or chunk 2 recompiles.
         return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), runner)
@@ -273,7 +353,7 @@ class PPO:
         # full-rank specs, so short ones would recompile the first chunk after init.
         rep = jax.tree.map(lambda x: P(*[None] * x.ndim), runner)
         sharded = lambda tree: jax.tree.map(lambda x: P(None, DATA_AXIS, *[None] * (x.ndim - 2)), tree)  # noqa: E731
-        return rep.replace(env_state=sharded(runner.env_state), obs=sharded(runner.obs))
+        return rep.replace(env_state=sharded(runner.env_state), obs=sharded(runner.obs), hidden=sharded(runner.hidden))
 
     # ------------------------------------------------------------------ one update (per device)
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
@@ -282,43 +362,90 @@ class PPO:
         vec = self.vec_env(runner.env_params, sync_axes=("seed", "shard"))
         params, extra = runner.train_state.params, runner.extra_variables
 
+        def final_value(hidden, final_obs, truncated):
+            # Only truncated rows read V(final_obs) (in GAE), and truncations are rare: run the network
+            # only on steps where some env truncates. The predicate is reduced over the vmapped
+            # seed/shard axes, as the env's reset branches are, so the cond stays a real branch.
+            def compute():
+                return jnp.where(truncated, self._value(params, extra, hidden, final_obs), 0.0)
+
+            return jax.lax.cond(vec._any(truncated.any()), compute, lambda: jnp.zeros(truncated.shape, jnp.float32))
+
         def step(carry, _):
-            env_state, obs, key = carry
+            env_state, obs, hidden, key = carry
             key, k_act, k_env = jax.random.split(key, 3)
-            pi, value = self.apply(params, extra, obs)
-            action = pi.sample(seed=k_act)
-            log_prob = pi.log_prob(action)
+            hidden, action, log_prob, value = self._act(params, extra, hidden, obs, k_act)
             next_obs, env_state, reward, terminated, truncated, info = vec.step(k_env, env_state, action)
-            # A truncated episode bootstraps from the value of its last observation.
-            _, final_value = self.apply(params, extra, info["final_obs"])
-            t = Transition(obs, action, log_prob, value, reward, terminated, truncated, final_value)
-            return (env_state, next_obs, key), (t, _episode_metrics(info, self.achievement_names))
+            # A truncated episode bootstraps from the value of its last observation (seen with the
+            # hidden state that followed its last step).
+            t = Transition(obs, action, log_prob, value, reward, terminated, truncated,
+                           final_value(hidden, info["final_obs"], truncated))
+            if hidden is not None:  # a new episode starts from a fresh hidden state
+                hidden = jnp.where((terminated | truncated)[:, None], self.network.initialize_carry(truncated.shape),
+                                   hidden)
+            return (env_state, next_obs, hidden, key), (t, _episode_metrics(info, self.achievement_names))
 
         key = jax.random.fold_in(runner.key, shard_index)
-        (env_state, obs, _), (traj, ep) = jax.lax.scan(step, (runner.env_state, runner.obs, key), None, c.num_steps)
-        _, last_value = self.apply(params, extra, obs)
+        carry = (runner.env_state, runner.obs, runner.hidden, key)
+        (env_state, obs, hidden, _), (traj, ep) = jax.lax.scan(step, carry, None, c.num_steps)
+        last_value = self._value(params, extra, hidden, obs)
         adv, targets = gae(traj.reward, traj.value, traj.terminated, traj.truncated, traj.final_value, last_value,
                            c.gamma, c.gae_lambda)
-        return env_state, obs, traj, adv, targets, jax.tree.map(lambda x: x.sum(0), ep)
+        return env_state, obs, hidden, traj, adv, targets, jax.tree.map(lambda x: x.sum(0), ep)
 
-    def _loss(self, params, extra, traj: Transition, adv, targets):
+    def _evaluate(self, params, extra, traj: Transition, hidden0):
+        """(log_prob, entropy, value) of the stored actions under `params`. Feed-forward: a flat batch.
+        Recurrent: [T, B] sequences, re-run from the rollout's initial hidden state `hidden0` [B, ...],
+        zeroed after every step that ended an episode, as in the rollout."""
+        if not self.recurrent:
+            pi, value = self.apply(params, extra, traj.obs)
+        else:
+            done = traj.terminated | traj.truncated
+            reset = jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]], axis=0)
+            _, pi, value = self.network.apply({"params": params, **extra}, hidden0, traj.obs, reset)
+        return pi.log_prob(traj.action), pi.entropy(), value
+
+    def _loss(self, params, extra, traj: Transition, adv, targets, hidden0=None):
         c = self.config
-        pi, value = self.apply(params, extra, traj.obs)
-        log_prob = pi.log_prob(traj.action)
-        value_clipped = traj.value + (value - traj.value).clip(-c.clip_eps, c.clip_eps)
-        value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
-        ratio = jnp.exp(log_prob - traj.log_prob)
-        # Normalise with the statistics of the whole minibatch across devices, not this device's share.
-        mean = jax.lax.pmean(adv.mean(), DATA_AXIS)
-        std = jnp.sqrt(jnp.maximum(jax.lax.pmean(jnp.square(adv).mean(), DATA_AXIS) - mean**2, 0.0))
-        adv = (adv - mean) / (std + 1e-8)
-        actor_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - c.clip_eps, 1 + c.clip_eps) * adv).mean()
-        entropy = pi.entropy().mean()
-        total = actor_loss + c.vf_coef * value_loss - c.ent_coef * entropy
-        approx_kl = ((ratio - 1) - jnp.log(ratio)).mean()
-        clip_frac = (jnp.abs(ratio - 1) > c.clip_eps).mean()
-        return total, {"loss": total, "actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy,
-                       "approx_kl": approx_kl, "clip_frac": clip_frac}
+        log_prob, entropy, value = self._evaluate(params, extra, traj, hidden0)
+        return ppo_loss(log_prob, entropy, value, traj.log_prob, traj.value, adv, targets, clip_eps=c.clip_eps,
+                        vf_coef=c.vf_coef, ent_coef=c.ent_coef, axis_name=DATA_AXIS)
+
+    def _minibatch_indices(self, k_epoch, shard_ids, global_env):
+        """Per-epoch permutations: feed-forward, of each env's time steps keyed by its global index
+        [shards, n, T]; recurrent, of each shard's envs keyed by the shard's global index [shards, n]."""
+        c = self.config
+        if self.recurrent:
+            return jax.vmap(lambda s: jax.random.permutation(jax.random.fold_in(k_epoch, s), self.envs_per_shard))(
+                shard_ids)
+        return jax.vmap(jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(k_epoch, e), c.num_steps)))(
+            global_env)
+
+    def _take_minibatch(self, perms, k, traj, adv, targets, hidden0):
+        """Minibatch k of this device's rollout (leaves [shards, T, n, ...]), as `_loss` arguments."""
+        c = self.config
+        if self.recurrent:  # whole trajectories of n / num_minibatches envs of every shard: [T, B, ...]
+            size = self.envs_per_shard // c.num_minibatches
+            idx = jax.lax.dynamic_slice_in_dim(perms, k * size, size, axis=1)  # [shards, size]
+
+            def take_seq(x):  # [shards, T, n, ...] -> [T, shards * size, ...]
+                picked = jnp.take_along_axis(x, idx.reshape((idx.shape[0], 1, size) + (1,) * (x.ndim - 3)), axis=2)
+                return jnp.moveaxis(picked, 0, 1).reshape((x.shape[1], -1) + x.shape[3:])
+
+            h0 = jax.tree.map(
+                lambda h: jnp.take_along_axis(h, idx.reshape(idx.shape + (1,) * (h.ndim - 2)), axis=1).reshape(
+                    (-1,) + h.shape[2:]), hidden0)
+            return (*jax.tree.map(take_seq, (traj, adv, targets)), h0)
+
+        mb_steps = c.num_steps // c.num_minibatches
+        idx = jax.lax.dynamic_slice_in_dim(perms, k * mb_steps, mb_steps, axis=2)  # [shards, n, mb]
+
+        def take(x):  # [shards, T, n, ...] -> [shards * mb * n, ...]
+            x = jnp.moveaxis(x, 1, 2)  # [shards, n, T, ...]
+            picked = jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
+            return picked.reshape((-1,) + x.shape[3:])
+
+        return jax.tree.map(take, (traj, adv, targets))
 
     def _update_one(self, runner: RunnerState) -> tuple[RunnerState, dict]:
         """One PPO update of one seed, inside shard_map: env arrays are this device's shards."""
@@ -326,33 +453,22 @@ class PPO:
         local_shards = jax.tree.leaves(runner.obs)[0].shape[0]
         device = jax.lax.axis_index(DATA_AXIS)
         shard_ids = device * local_shards + jnp.arange(local_shards)
-        rollout = jax.vmap(self._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None), 0),
+        rollout = jax.vmap(self._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None, 0), 0),
                            axis_name="shard")
-        env_state, obs, traj, adv, targets, ep = rollout(runner, shard_ids)
-        # traj leaves: [shards, T, n, ...]
+        env_state, obs, hidden, traj, adv, targets, ep = rollout(runner, shard_ids)
+        # traj leaves: [shards, T, n, ...]; runner.hidden: the hidden state at the rollout's start
 
         key, k_perm = jax.random.split(runner.key)
         n = self.envs_per_shard
         global_env = shard_ids[:, None] * n + jnp.arange(n)[None, :]  # [shards, n]
-        mb_steps = c.num_steps // c.num_minibatches
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         tx = self.optimizer()
 
         def epoch(train_state, epoch_index):
-            k_epoch = jax.random.fold_in(k_perm, epoch_index)
-            perms = jax.vmap(jax.vmap(lambda e: jax.random.permutation(jax.random.fold_in(k_epoch, e), c.num_steps)))(
-                global_env
-            )  # [shards, n, T]
+            perms = self._minibatch_indices(jax.random.fold_in(k_perm, epoch_index), shard_ids, global_env)
 
             def minibatch(train_state, k):
-                idx = jax.lax.dynamic_slice_in_dim(perms, k * mb_steps, mb_steps, axis=2)  # [shards, n, mb]
-
-                def take(x):  # [shards, T, n, ...] -> [shards * mb * n, ...]
-                    x = jnp.moveaxis(x, 1, 2)  # [shards, n, T, ...]
-                    picked = jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 3)), axis=2)
-                    return picked.reshape((-1,) + x.shape[3:])
-
-                mb = jax.tree.map(take, (traj, adv, targets))
+                mb = self._take_minibatch(perms, k, traj, adv, targets, runner.hidden)
                 # Every shard holds the same number of samples, so pmean of local means is the global mean.
                 (_, aux), grads = grad_fn(train_state.params, runner.extra_variables, *mb)
                 grads = jax.lax.pmean(grads, DATA_AXIS)
@@ -366,7 +482,7 @@ class PPO:
         train_state, losses = jax.lax.scan(epoch, runner.train_state, jnp.arange(c.update_epochs))
         losses = jax.tree.map(jnp.mean, losses)
         ep = jax.lax.psum(jax.tree.map(lambda x: x.sum(0), ep), DATA_AXIS)
-        runner = runner.replace(train_state=train_state, env_state=env_state, obs=obs, key=key,
+        runner = runner.replace(train_state=train_state, env_state=env_state, obs=obs, hidden=hidden, key=key,
                                 update=runner.update + 1)
         return runner, {**losses, **ep}
 
@@ -436,10 +552,13 @@ def make_train(
     elif env_params is None:
         env_params = env.default_params
     if network is None:
-        obs_shape = env.observation_space(env_params).shape
-        kind = config.network if config.network != "auto" else ("cnn" if len(obs_shape) == 3 else "mlp")
+        space = env.observation_space(env_params)
+        space = space["obs"] if isinstance(space, dict) else space  # {"obs", "action_mask"} observations
+        kind = config.network if config.network != "auto" else ("cnn" if len(space.shape) == 3 else "mlp")
         network = make_network(kind, env.action_space(env_params).n, config.hidden_size, config.num_layers,
-                               config.activation)
+                               config.activation, config.rnn_hidden_size)
+    # Checked again now that the network (maybe a caller's recurrent one) and the env shards are known.
+    config.check_minibatches(bool(getattr(network, "is_recurrent", False)), num_shards)
     mesh = jax.make_mesh((num_devices,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),
                          devices=jax.devices()[:num_devices])
     return PPO(config, env, env_params, network, mesh, num_shards, tuple(getattr(env, "achievement_names", ())))

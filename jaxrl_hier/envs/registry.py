@@ -10,9 +10,10 @@ from jaxrl_hier.envs.base import Environment
 
 def _builtin() -> dict[str, Callable[[], Environment]]:
     from jaxrl_hier.envs.builtin.cartpole import CartPole
+    from jaxrl_hier.envs.builtin.memory import MemoryCue
     from jaxrl_hier.envs.builtin.techtree import TechTree
 
-    return {"CartPole-v1": CartPole, "TechTree-v0": TechTree}
+    return {"CartPole-v1": CartPole, "TechTree-v0": TechTree, "MemoryCue-v0": MemoryCue}
 
 
 def list_envs() -> list[str]:
@@ -27,7 +28,7 @@ def make(name: str, **kwargs: Any) -> tuple[Environment, Any]:
     """The environment called `name` and its default params.
 
     Names: the four Craftax variants (e.g. `Craftax-Symbolic-v1`), the built-in pure-JAX envs
-    (`CartPole-v1`, `TechTree-v0`), and any gymnax env as `gymnax:<name>`. Keyword arguments
+    (`CartPole-v1`, `TechTree-v0`, `MemoryCue-v0`), and any gymnax env as `gymnax:<name>`. Keyword arguments
     override fields of the default params of built-in envs.
     """
     from jaxrl_hier.envs.craftax import CRAFTAX_NAMES, CraftaxEnv

@@ -2,19 +2,39 @@
 
 Both return ``(distrax.Categorical, value)``. Actor and critic have separate trunks, as in the
 Craftax baselines, with orthogonal initialisation (sqrt(2) hidden, 0.01 policy, 1.0 value).
+
+Observations may be a dict ``{"obs": x, "action_mask": bool[..., num_actions]}``: the networks
+read ``x`` and give masked actions a logit of ``MASKED_LOGIT``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import distrax
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax.linen.initializers import constant, orthogonal
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
+# Large but finite: -inf would make the entropy (0 * -inf) and the log-ratio of PPO NaN.
+MASKED_LOGIT = -1e9
+
+
+def split_obs(obs: Any) -> tuple[Any, Any]:
+    """(network input, action mask or None) of an observation that may be a dict."""
+    if isinstance(obs, Mapping):
+        return obs["obs"], obs.get("action_mask")
+    return obs, None
+
+
+def policy(logits: jax.Array, mask: Any) -> distrax.Categorical:
+    """The categorical policy, with masked actions (mask False) pushed to MASKED_LOGIT."""
+    if mask is not None:
+        logits = jnp.where(mask, logits, MASKED_LOGIT)
+    return distrax.Categorical(logits=logits)
 
 
 def _dense(features: int, scale: float) -> nn.Dense:
@@ -44,10 +64,10 @@ class ActorCriticMLP(nn.Module):
 
     @nn.compact
     def __call__(self, obs):
-        x = obs.reshape(obs.shape[:-1] + (-1,)) if obs.ndim >= 1 else obs
+        x, mask = split_obs(obs)
         logits = _dense(self.num_actions, 0.01)(MLPTrunk(self.hidden_size, self.num_layers, self.activation)(x))
         value = _dense(1, 1.0)(MLPTrunk(self.hidden_size, self.num_layers, self.activation)(x))
-        return distrax.Categorical(logits=logits), jnp.squeeze(value, -1)
+        return policy(logits, mask), jnp.squeeze(value, -1)
 
 
 class ActorCriticCNN(nn.Module):
@@ -61,20 +81,26 @@ class ActorCriticCNN(nn.Module):
     @nn.compact
     def __call__(self, obs):
         act = ACTIVATIONS[self.activation]
-        x = obs
+        x, mask = split_obs(obs)
         for i, ch in enumerate(self.channels):
             x = act(nn.Conv(ch, (3, 3), strides=(2, 2) if i < 2 else (1, 1), kernel_init=orthogonal(np.sqrt(2)))(x))
         x = x.reshape(x.shape[:-3] + (-1,))
         x = act(_dense(self.hidden_size, np.sqrt(2))(x))
         logits = _dense(self.num_actions, 0.01)(act(_dense(self.hidden_size, np.sqrt(2))(x)))
         value = _dense(1, 1.0)(act(_dense(self.hidden_size, np.sqrt(2))(x)))
-        return distrax.Categorical(logits=logits), jnp.squeeze(value, -1)
+        return policy(logits, mask), jnp.squeeze(value, -1)
 
 
-def make_network(kind: str, num_actions: int, hidden_size: int, num_layers: int, activation: str) -> nn.Module:
-    """The network named by a config: 'mlp' for flat observations, 'cnn' for pixels."""
+def make_network(kind: str, num_actions: int, hidden_size: int, num_layers: int, activation: str,
+                 rnn_hidden_size: int = 0) -> nn.Module:
+    """The network named by a config: 'mlp' for flat observations, 'cnn' for pixels, 'gru' for a
+    recurrent actor-critic (GRU of `rnn_hidden_size` units, 0: `hidden_size`)."""
     if kind == "mlp":
         return ActorCriticMLP(num_actions, hidden_size, num_layers, activation)
     if kind == "cnn":
         return ActorCriticCNN(num_actions, hidden_size, activation="relu" if activation == "tanh" else activation)
-    raise ValueError(f"unknown network '{kind}': use 'mlp' or 'cnn'.")
+    if kind == "gru":
+        from jaxrl_hier.networks.recurrent import ActorCriticGRU
+
+        return ActorCriticGRU(num_actions, hidden_size, num_layers, activation, rnn_hidden_size or hidden_size)
+    raise ValueError(f"unknown network '{kind}': use 'mlp', 'cnn' or 'gru'.")
