@@ -2,7 +2,7 @@
 
     python -m jaxrl_hier.skills run --config configs/skills_craftax_classic.yaml --output-dir DIR [key=value ...]
     python -m jaxrl_hier.skills status DIR
-    python -m jaxrl_hier.skills resume DIR
+    python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
 before anything compiles. `run` and `resume` exit 0 when the target skill completed, 1 otherwise.
@@ -16,11 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from jaxrl_hier.config import ConfigError, load_config, save_config
+from jaxrl_hier.config import ConfigError, load_config, parse_overrides, save_config
 from jaxrl_hier.skills.config import SkillsConfig
-from jaxrl_hier.skills.state import STATE_FILE, SchedulerState, load_state
+from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
 CONFIG_FILE = "config.yaml"
+# Keys `resume` may change: none of them changes what the running skills compute (their env,
+# network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
+# They bound the whole run, retry failed skills, reach the generator, or judge the lock.
+RESUME_SAFE_KEYS = ("max_rounds", "max_retries", "stale_lock_s", "generator", "llm_base_url", "llm_model",
+                    "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path")
 
 
 def build_catalog(config: SkillsConfig):
@@ -105,14 +110,14 @@ def status_table(state: SchedulerState) -> str:
     return "\n".join(lines)
 
 
-def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, progress: bool) -> int:
+def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, progress: bool, on_lock=None) -> int:
     from jaxrl_hier.skills.scheduler import Scheduler
     from jaxrl_hier.skills.trainer import SkillTrainer
 
     generator = build_generator(config, catalog)
     trainer = SkillTrainer(config, catalog)
     scheduler = Scheduler(config, output_dir, trainer, generator, catalog, progress=_progress(progress))
-    state = scheduler.run(resume=resume)
+    state = scheduler.run(resume=resume, on_lock=on_lock)
     print(status_table(state))
     target_done = (all(r.status == "completed" for r in state.skills) if state.target == "all"
                    else any(r.name == state.target and r.status == "completed" for r in state.skills))
@@ -122,7 +127,7 @@ def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, prog
 def cmd_run(args) -> int:
     config = load_config(SkillsConfig, args.config, args.overrides)
     out = Path(args.output_dir)
-    if (out / STATE_FILE).exists():
+    if (out / STATE_FILE).exists() or (out / PREV_FILE).exists():
         raise ConfigError(f"{out} already holds a skills run; continue it with `python -m jaxrl_hier.skills resume "
                           f"{out}` or choose a new --output-dir.")
     catalog = check_config(config)
@@ -131,14 +136,28 @@ def cmd_run(args) -> int:
     return _execute(config, catalog, out, resume=False, progress=not args.no_progress)
 
 
+def resume_overrides(items: list[str]) -> dict:
+    """The `key=value` overrides of `resume`, refused unless every key is in RESUME_SAFE_KEYS."""
+    overrides = parse_overrides(items)
+    for key in overrides:
+        if key not in RESUME_SAFE_KEYS:
+            raise ConfigError(f"'{key}' cannot be changed on resume: it would change what the running skills "
+                              f"compute. resume accepts {', '.join(RESUME_SAFE_KEYS)}; for other changes start a "
+                              "new run with `run --output-dir NEW_DIR`.")
+    return overrides
+
+
 def cmd_resume(args) -> int:
     out = Path(args.output_dir)
+    overrides = resume_overrides(args.overrides)  # refused before anything is read or written
     load_state(out)  # a missing or corrupt state file is refused before anything compiles
     if not (out / CONFIG_FILE).is_file():
         raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
-    config = load_config(SkillsConfig, out / CONFIG_FILE)
+    config = load_config(SkillsConfig, out / CONFIG_FILE, overrides)
     catalog = check_config(config)
-    return _execute(config, catalog, out, resume=True, progress=not args.no_progress)
+    # Written once the run directory is locked, so that later resumes keep the overrides.
+    record = (lambda: save_config(config, out / CONFIG_FILE)) if overrides else None
+    return _execute(config, catalog, out, resume=True, progress=not args.no_progress, on_lock=record)
 
 
 def cmd_status(args) -> int:
@@ -159,11 +178,19 @@ def parser() -> argparse.ArgumentParser:
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")
+    resume.add_argument("overrides", nargs="*", help=f"key=value, only for {', '.join(RESUME_SAFE_KEYS)}")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    # key=value may come before or after the flags; argparse alone takes them only before.
+    args, extra = p.parse_known_args(argv)
+    bad = [x for x in extra if x.startswith("-") or "=" not in x or not hasattr(args, "overrides")]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     # Our own lines at INFO; libraries (Orbax logs every save at INFO through absl) at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("jaxrl_hier").setLevel(logging.INFO)

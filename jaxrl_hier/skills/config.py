@@ -35,6 +35,7 @@ class SkillsConfig:
     max_experts: int = 12  # frozen dependency experts a skill can hold
     max_conditions: int = 4
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
+    max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
     seed: int = 0
     stale_lock_s: float = 900.0  # a lock from another host whose heartbeat is older than this is stale
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
@@ -53,6 +54,10 @@ class SkillsConfig:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
         if not 0 <= self.min_skill_timesteps <= self.skill_timesteps:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
+        if self.max_rounds < 0:
+            raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
+        if self.stale_lock_s <= 0:
+            raise ConfigError(f"'stale_lock_s' must be positive, got {self.stale_lock_s}.")
         if self.max_retries < 0:
             raise ConfigError(f"'max_retries' must be >= 0, got {self.max_retries}.")
         if not 0.0 < self.success_rate_threshold <= 1.0:

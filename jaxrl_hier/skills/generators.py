@@ -66,7 +66,11 @@ def make_validator(library: SkillLibrary, catalog: SkillLibrary, quantities: tup
 
     def validate(data: dict) -> Skill:
         data = dict(data)
-        data.pop("max_timesteps", None)  # accepted from LLMs, the budget comes from the config
+        # A per-attempt budget an LLM may ask for: kept by the scheduler (SkillRecord.max_timesteps),
+        # not part of the skill itself.
+        steps = data.pop("max_timesteps", None)
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise SkillError(f"'max_timesteps' must be a positive integer (env steps per attempt), got {steps!r}.")
         name = data.get("name")
         if isinstance(name, str) and name in catalog and catalog[name].to_dict() == data:
             skill = catalog[name]  # a catalog skill as it stands, Python predicate included

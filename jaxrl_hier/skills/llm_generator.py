@@ -3,7 +3,8 @@
 Both build the same conversation (`build_messages`): the env, the target, the quantity names a
 condition may use, and every skill so far with its status. The answer must be one JSON object,
 either a proposal `{"name", "description", "requires", "success"[, "max_timesteps"]}` or
-`{"done": true, "reason"}`. It is checked against `PROPOSAL_SCHEMA` (jsonschema), then by the
+`{"done": true, "reason"}`; `max_timesteps` becomes the skill's budget per attempt (capped by the
+config's `skill_timesteps`, see `Scheduler._budget`). It is checked against `PROPOSAL_SCHEMA` (jsonschema), then by the
 scheduler's `validate` (known skills and quantities, no cycle, new name). An invalid answer is
 logged with its reason and the model is asked again with its answer and the reason in the
 conversation, so it can correct itself; after `max_invalid` invalid answers, or when the endpoint
@@ -50,7 +51,8 @@ Answer with exactly one JSON object and nothing else:
 {"name": "snake_case_name", "description": "...", "requires": ["existing skill names"],
  "success": ["<quantity> <op> <number>", ...]}
 where op is one of >=, <=, ==, >, <, != and every condition must hold for success
-("max_timesteps": <integer> is optional).
+(optional: "max_timesteps": <integer>, the env steps one training attempt of the skill may take;
+the run's own budget per attempt is the ceiling).
 Use only the quantity names listed by the user and only existing skill names in "requires".
 Propose one new skill that moves the agent towards the target, whose requirements are already
 proposed. If the existing skills already cover the target, answer {"done": true, "reason": "..."}."""

@@ -9,12 +9,15 @@ Loop (Python, between compiled rounds):
    experts;
 4. train one round (`updates_per_round` PPO updates of every slot, one compiled program);
 5. a skill completes when a round's success rate reaches `success_rate_threshold` (over at least
-   `min_episodes` episodes, after at least `min_skill_timesteps` steps): its expert is saved and it is never trained again; an attempt fails when
-   its `skill_timesteps` budget runs out and is retried up to `max_retries` times;
+   `min_episodes` episodes, after at least `min_skill_timesteps` steps): its expert is saved and it
+   is never trained again; an attempt fails when its budget runs out (`skill_timesteps`, or the
+   smaller `max_timesteps` its proposal asked for) and is retried up to `max_retries` times;
 6. checkpoint the slots, then write `scheduler_state.json` atomically.
 
-After a crash, `resume` restores the slots from the checkpoint named in the state file; skills that
-started after that checkpoint start again, completed skills are loaded, never retrained.
+After a crash, `resume` restores the slots from the checkpoint named in the state file and deletes
+later checkpoints (the rounds after it are replayed, and Orbax never overwrites a step); skills
+that started after that checkpoint start again, completed skills are loaded, never retrained.
+In a multi-process JAX run every process runs this loop; only process 0 writes files and locks.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from typing import Any, Callable, Protocol
 
 import jax
 
+from jaxrl_hier.checkpointing.checkpoints import Checkpointer
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.logging.metrics import MetricsWriter
 from jaxrl_hier.skills.generators import Generator, GeneratorUnavailable, ProposalContext, make_validator
 from jaxrl_hier.skills.spec import Skill, SkillLibrary
-from jaxrl_hier.skills.state import STATE_FILE, RunLock, SchedulerState, SkillRecord, StateError, load_state, save_state
+from jaxrl_hier.skills.state import (STATE_FILE, RunLock, SchedulerState, SkillRecord, StateError, crash_point,
+                                     is_primary, load_state, save_state)
 
 log = logging.getLogger("jaxrl_hier.skills")
 
@@ -46,7 +51,7 @@ class Trainer(Protocol):
     def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None: ...
     def train_round(self) -> list: ...
     def expert(self, slot: int) -> Any: ...
-    def save_checkpoint(self, directory: Path, step: int, meta: dict) -> None: ...
+    def save_checkpoint(self, directory: Path, step: int, meta: dict) -> None: ...  # a jaxrl_hier Checkpointer
     def restore_checkpoint(self, directory: Path, step: int) -> None: ...
     def save_expert(self, directory: Path, expert: Any, meta: dict) -> None: ...
     def load_expert(self, directory: Path) -> Any: ...
@@ -63,6 +68,7 @@ class Scheduler:
         self.catalog = catalog
         self.progress = progress
         self.clock = clock
+        self.primary = is_primary()  # process 0: the only one that writes files and holds the lock
         self.lock = RunLock(self.dir, config.stale_lock_s)
         self.experts: dict[str, Any] = {}
         self._writers: dict[str, MetricsWriter] = {}
@@ -77,6 +83,8 @@ class Scheduler:
         return self.dir / "skills" / record.dirname
 
     def _save(self) -> None:
+        if self.primary:
+            self.lock.check()  # taken over by another run: stop before writing over its state
         save_state(self.dir, self.state)
 
     def library(self) -> SkillLibrary:
@@ -92,10 +100,15 @@ class Scheduler:
         return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
 
     # ------------------------------------------------------------------ entry points
-    def run(self, resume: bool = False) -> SchedulerState:
+    def run(self, resume: bool = False, on_lock: Callable[[], None] | None = None) -> SchedulerState:
+        """Train until nothing is left (or `max_rounds`). `on_lock` runs once the directory is
+        locked, before anything is written (the CLI records resume overrides there)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock.acquire()
+        if self.primary:
+            self.lock.acquire()
         try:
+            if on_lock is not None and self.primary:
+                on_lock()
             if resume:
                 self.state = load_state(self.dir)
                 self._restore()
@@ -108,7 +121,8 @@ class Scheduler:
         finally:
             for w in self._writers.values():
                 w.close()
-            self.lock.release()
+            if self.primary:
+                self.lock.release()
 
     def _restore(self) -> None:
         """Load completed experts; put the running skills back into their slots."""
@@ -116,14 +130,28 @@ class Scheduler:
             self.experts[r.name] = self.trainer.load_expert(self.skill_dir(r))
         self.trainer.init(jax.random.key(self.config.seed))
         step = self.state.checkpoint_round
+        # A kill between a round's checkpoint and the state file that names it leaves a newer
+        # step; the replayed round must be able to save that step again.
+        ckpt = Checkpointer(self.checkpoint_dir, keep=None, asynchronous=False)
+        try:
+            dropped = ckpt.delete_newer_than(step)
+        finally:
+            ckpt.close()
+        if dropped:
+            log.info("deleted checkpoints %s, newer than the state's round %s: those rounds are replayed", dropped, step)
         if step is not None and self.state.by_status("running"):
             self.trainer.restore_checkpoint(self.checkpoint_dir, step)
         for r in self.state.by_status("running"):
             if step is None or r.started_round >= step:
-                # Started after the checkpoint was taken: its slot holds something else; start again.
+                # Started after the checkpoint was taken: its slot holds something else; start again,
+                # dropping the metrics rows of the lost attempt (its rounds are > started_round).
                 r.status, r.slot, r.attempts = "pending", None, r.attempts - 1
+                self._writer(r).truncate_after(r.started_round)
             else:
                 self._writer(r).truncate_after(step)
+        if self.state.generation == "stopped":
+            # The generator was unavailable; resume tries it again (perhaps with a new endpoint).
+            self.state.generation, self.state.generation_reason = "active", ""
         self._save()
         log.info("resumed %s at round %d", self.dir, self.state.round)
 
@@ -136,6 +164,10 @@ class Scheduler:
             running = self.state.by_status("running")
             if not running:
                 break
+            if self.config.max_rounds and self.state.round >= self.config.max_rounds:
+                # Running skills stay running: a resume with a larger max_rounds continues them.
+                log.info("stopped at max_rounds=%d; resume with a larger max_rounds to go on", self.config.max_rounds)
+                return
             t0 = self.clock()
             results = self.trainer.train_round()
             elapsed = self.clock() - t0
@@ -145,8 +177,8 @@ class Scheduler:
             if self.state.by_status("running"):
                 self.trainer.save_checkpoint(self.checkpoint_dir, self.state.round, {"round": self.state.round})
                 self.state.checkpoint_round = self.state.round
+                crash_point("round.checkpoint_saved")
             self._save()
-            self.lock.heartbeat()
             if self.progress:
                 self.progress(self.state)
         if self.state.generation in ("active", "paused"):
@@ -171,7 +203,7 @@ class Scheduler:
                   and res.success_rate >= c.success_rate_threshold)
         if passed and r.steps >= c.min_skill_timesteps:
             self._complete(r)
-        elif r.steps >= c.skill_timesteps:
+        elif r.steps >= self._budget(r):
             reason = (f"attempt {r.attempts}: success rate {res.success_rate if res.success_rate is not None else 'n/a'} "
                       f"< {c.success_rate_threshold} after {r.steps:,} steps")
             if r.attempts <= c.max_retries:
@@ -181,6 +213,13 @@ class Scheduler:
                 log.warning("skill '%s' failed: %s", r.name, reason)
                 r.status, r.slot, r.reason = "failed", None, reason
                 self._close_writer(r)
+
+    def _budget(self, r: SkillRecord) -> int:
+        """Env steps per attempt: the proposal's `max_timesteps` when it asked for fewer than
+        `skill_timesteps` (the ceiling the config pays for), never below `min_skill_timesteps`."""
+        c = self.config
+        steps = c.skill_timesteps if r.max_timesteps is None else min(r.max_timesteps, c.skill_timesteps)
+        return max(steps, c.min_skill_timesteps)
 
     def _complete(self, r: SkillRecord) -> None:
         expert = self.trainer.expert(r.slot)
@@ -193,9 +232,10 @@ class Scheduler:
         meta = {"skill": r.name, "id": r.id, "success_rate": r.success_rate, "steps": r.steps}
         directory = self.skill_dir(r)
         self.trainer.save_expert(directory, expert, meta)
-        atomic_write_json(directory / "spec.json", {"skill": r.spec, "plan": list(plan), "expert_index": index_map,
-                                                    "success_rate": r.success_rate, "steps": r.steps,
-                                                    "attempts": r.attempts})
+        if self.primary:
+            atomic_write_json(directory / "spec.json", {"skill": r.spec, "plan": list(plan),
+                                                        "expert_index": index_map, "success_rate": r.success_rate,
+                                                        "steps": r.steps, "attempts": r.attempts})
         self.experts[r.name] = expert
         r.status, r.slot = "completed", None
         self._close_writer(r)
@@ -257,8 +297,15 @@ class Scheduler:
             library = self.library()
             validate = make_validator(library, self.catalog, tuple(self.trainer.quantity_names),
                                       self.config.max_experts, self.config.max_conditions)
+            asked: dict[str, Any] = {}
+
+            def validate_and_keep_budget(data: dict) -> Skill:
+                skill = validate(data)
+                asked["max_timesteps"] = data.get("max_timesteps")  # None unless the proposal gave one
+                return skill
+
             try:
-                skill = self.generator.propose(self._context(), validate)
+                skill = self.generator.propose(self._context(), validate_and_keep_budget)
             except GeneratorUnavailable as err:
                 s.generation, s.generation_reason = "stopped", str(err)
                 log.error("skill generation stopped: %s (completed work is kept)", err)
@@ -269,14 +316,15 @@ class Scheduler:
                 self._save()
                 return
             s.skills.append(SkillRecord(id=len(s.skills), name=skill.name, spec=skill.to_dict(),
-                                        proposed_by=type(self.generator).__name__))
+                                        proposed_by=type(self.generator).__name__,
+                                        max_timesteps=asked.get("max_timesteps")))
             log.info("proposed skill '%s' (requires %s)", skill.name, ", ".join(skill.requires) or "nothing")
             self._save()
 
     # ------------------------------------------------------------------ per-skill metrics
     def _writer(self, r: SkillRecord) -> MetricsWriter:
         if r.name not in self._writers:
-            self._writers[r.name] = MetricsWriter(self.skill_dir(r))
+            self._writers[r.name] = MetricsWriter(self.skill_dir(r), primary=self.primary)
         return self._writers[r.name]
 
     def _close_writer(self, r: SkillRecord) -> None:

@@ -1,34 +1,76 @@
 """The scheduler's state file and the run lock.
 
-`scheduler_state.json` is rewritten atomically (temp file, fsync, rename) after every transition,
-and the previous version is kept as `scheduler_state.prev.json`, so a crash at any moment leaves a
-readable state. A state file that does not parse is refused, never overwritten.
+`scheduler_state.json` is replaced atomically (temp file, fsync, rename over it) after every
+transition, so at every instant the path `resume` reads holds a complete state. Before that, the
+current version is copied (atomically too) to `scheduler_state.prev.json`, the state one
+transition earlier. A state file that does not parse is refused, never overwritten. In a
+multi-process JAX run only process 0 writes; the others read.
 
-`scheduler.lock` records the owner's pid, host and a heartbeat. A second `run`/`resume` on the same
-directory is refused while the owner lives; a lock whose pid is gone (same host) or whose heartbeat
-is older than `stale_after_s` (another host) is stale and taken over, with a log line.
+`scheduler.lock` records the owner's pid, host and a heartbeat, refreshed by a background thread
+while the run lives (a long round must not look dead). A second `run`/`resume` on the same
+directory is refused while the owner lives; a lock whose pid is gone (same host) or whose
+heartbeat is older than `stale_after_s` (another host) is stale and taken over, with a log line.
+Reading a lock, judging it and replacing it happen under an exclusive `flock` on
+`scheduler.lock.mutex`, so of two resumers that find the same stale lock exactly one wins; the
+kernel drops a flock when its holder dies, so the mutex itself can never go stale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
 
 STATE_FILE = "scheduler_state.json"
 PREV_FILE = "scheduler_state.prev.json"
 LOCK_FILE = "scheduler.lock"
+MUTEX_FILE = "scheduler.lock.mutex"
 STATUSES = ("pending", "running", "completed", "failed")
 log = logging.getLogger("jaxrl_hier.skills")
+
+# ---------------------------------------------------------------------------- crash points
+# Named points between two writes that must survive a kill. Tests stop a run at one of them:
+# a subprocess through the environment variable, `POINT` or `POINT:N` (the N-th time it is
+# reached), exits there at once as under SIGKILL; in process, tests replace `crash_hook`.
+CRASH_ENV = "JAXRL_HIER_SKILLS_CRASH_AT"
+CRASH_EXIT_CODE = 86
+_reached: dict[str, int] = {}
+
+
+def _exit_at_named_point(name: str) -> None:
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted or not wanted.startswith(name):
+        return
+    _reached[name] = _reached.get(name, 0) + 1
+    point, _, nth = wanted.partition(":")
+    if point == name and _reached[name] == int(nth or 1):
+        os._exit(CRASH_EXIT_CODE)  # no cleanup, no finally: what a kill leaves behind
+
+
+crash_hook: Callable[[str], None] = _exit_at_named_point
+
+
+def crash_point(name: str) -> None:
+    crash_hook(name)
+
+
+def is_primary() -> bool:
+    """Process 0 of a (multi-process) JAX run: the one that writes the run directory's files."""
+    import jax
+
+    return jax.process_index() == 0
 
 
 class StateError(ConfigError):
@@ -52,6 +94,7 @@ class SkillRecord:
     rounds: int = 0
     reason: str = ""  # why it failed
     proposed_by: str = ""
+    max_timesteps: int | None = None  # the proposal's own budget per attempt (LLMs may give one)
 
     @property
     def dirname(self) -> str:
@@ -91,14 +134,23 @@ class SchedulerState:
 
 
 def save_state(directory: Path, state: SchedulerState) -> None:
+    """Copy the current state to PREV_FILE, then replace STATE_FILE; both writes are atomic, and
+    the live file is never moved away, so a kill anywhere leaves a complete STATE_FILE."""
+    if not is_primary():
+        return
     path = directory / STATE_FILE
     if path.exists():
-        os.replace(path, directory / PREV_FILE)  # atomic; the new file below is atomic too
+        atomic_write_bytes(directory / PREV_FILE, path.read_bytes())
+        crash_point("state.prev_written")
     atomic_write_json(path, state.to_json())
 
 
 def load_state(directory: Path) -> SchedulerState:
     path = directory / STATE_FILE
+    if not path.is_file() and (directory / PREV_FILE).is_file():
+        # Left by versions that moved the live file to PREV_FILE before writing the new one.
+        raise StateError(f"{path} is missing but {PREV_FILE} is there (a run killed while replacing its state): "
+                         f"copy {PREV_FILE} to {STATE_FILE} and run resume again.")
     if not path.is_file():
         raise StateError(f"no {STATE_FILE} in {directory}: this is not a skills run directory (start one with "
                          "`python -m jaxrl_hier.skills run --config ... --output-dir DIR`).")
@@ -124,12 +176,30 @@ def _pid_alive(pid: int) -> bool:
 
 
 class RunLock:
-    """An exclusive lock on a run directory, with stale-lock takeover (see the module docstring)."""
+    """An exclusive lock on a run directory, with stale-lock takeover and a heartbeat thread (see
+    the module docstring). `lost` holds the new owner when another run took the lock over."""
 
-    def __init__(self, directory: Path, stale_after_s: float = 900.0):
-        self.path = directory / LOCK_FILE
+    def __init__(self, directory: Path, stale_after_s: float = 900.0, heartbeat_s: float | None = None):
+        self.path = Path(directory) / LOCK_FILE
+        self.mutex_path = Path(directory) / MUTEX_FILE
         self.stale_after_s = stale_after_s
+        # Several beats per staleness period, so one slow write never makes a live run look dead.
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else min(60.0, stale_after_s / 4)
         self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.lost: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def _mutex(self) -> Iterator[None]:
+        """Exclusive across processes (and threads: each call opens its own file description)."""
+        self.mutex_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.mutex_path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def _read(self) -> dict | None:
         try:
@@ -137,7 +207,10 @@ class RunLock:
         except FileNotFoundError:
             return None
         except ValueError:
-            return {}  # half-written by a crashed owner: stale
+            return {}  # written by hand or by a foreign tool: stale
+
+    def _mine(self, held: dict | None) -> bool:
+        return bool(held) and held.get("pid") == self.owner["pid"] and held.get("host") == self.owner["host"]
 
     def _stale(self, held: dict) -> bool:
         if not held or "pid" not in held:
@@ -146,34 +219,61 @@ class RunLock:
             return not _pid_alive(int(held["pid"]))
         return time.time() - float(held.get("heartbeat", 0)) > self.stale_after_s
 
-    def acquire(self) -> None:
-        body = json.dumps({**self.owner, "heartbeat": time.time()})
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                held = self._read()
-                if held is None:
-                    continue  # released in between: try again
-                if not self._stale(held):
-                    raise StateError(f"{self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} "
-                                     f"(lock {self.path}). Wait for that run to end or stop it; a lock whose "
-                                     "owner has died is taken over automatically.")
-                log.warning("taking over the stale lock %s (pid %s on %s is gone)", self.path, held.get("pid"),
-                            held.get("host"))
-                atomic_write_json(self.path, json.loads(body))
-                return
-            with os.fdopen(fd, "w") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            return
-        raise StateError(f"could not take the lock {self.path}; try again.")
-
-    def heartbeat(self) -> None:
+    def _write(self) -> None:
         atomic_write_json(self.path, {**self.owner, "heartbeat": time.time()})
 
+    def acquire(self) -> None:
+        with self._mutex():
+            held = self._read()
+            if held is not None and not self._stale(held):
+                raise StateError(f"{self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} "
+                                 f"(lock {self.path}). Wait for that run to end or stop it; a lock whose "
+                                 "owner has died is taken over automatically.")
+            if held is not None:
+                log.warning("taking over the stale lock %s (pid %s on %s is gone)", self.path, held.get("pid"),
+                            held.get("host"))
+            crash_point("lock.judged")  # the lock was judged free or stale; now it is replaced
+            self._write()
+        self.lost = None
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {self.path}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.heartbeat()
+            except OSError as err:  # a full or flaky disk: the next beat tries again
+                log.warning("could not refresh the lock %s: %s", self.path, err)
+            if self.lost is not None:
+                return
+
+    def heartbeat(self) -> None:
+        """Refresh the heartbeat, unless another run took the lock over (then set `lost`)."""
+        with self._mutex():
+            held = self._read()
+            if not self._mine(held):
+                self.lost = held or {}
+                log.error("the lock %s was taken over by pid %s on %s; this run stops writing", self.path,
+                          self.lost.get("pid"), self.lost.get("host"))
+                return
+            self._write()
+
+    def check(self) -> None:
+        """Raise if the lock was taken over (this run's heartbeat lapsed): never two writers."""
+        if self.lost is not None:
+            raise StateError(f"the lock {self.path} was taken over by pid {self.lost.get('pid')} on "
+                             f"{self.lost.get('host')} (this run's heartbeat was older than {self.stale_after_s:g} s); "
+                             "this run stopped without writing more. Let the other run finish.")
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
     def release(self) -> None:
-        held = self._read()
-        if held and held.get("pid") == self.owner["pid"] and held.get("host") == self.owner["host"]:
-            self.path.unlink(missing_ok=True)
+        self.stop_heartbeat()
+        with self._mutex():
+            if self._mine(self._read()):
+                self.path.unlink(missing_ok=True)

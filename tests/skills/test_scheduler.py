@@ -1,5 +1,7 @@
-"""Scheduler logic with a fast fake trainer: slots, frontier blocking, retries, failure isolation,
-crash and resume, the state file and the lock."""
+"""Scheduler logic with a fast fake trainer (tests/skills/fake_skills_trainer.py: checkpoints go
+through the real Checkpointer): slots, frontier blocking, retries, failure isolation, per-skill
+budgets, crash and resume, the state file and the lock, including kills inside each window
+between two writes (a child process that exits at a named point, as under SIGKILL)."""
 
 from __future__ import annotations
 
@@ -11,103 +13,25 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
+from fake_skills_trainer import CHILD_LEARN_ROUNDS, Crash, FakeTrainer, RecordingPlanner, config, run
 
-from jaxrl_hier.envs import make
+from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
 from jaxrl_hier.io import atomic_write_json
-from jaxrl_hier.skills.config import skills_config_from_dict
-from jaxrl_hier.skills.generators import GeneratorUnavailable, TechTreePlanner
+from jaxrl_hier.logging.metrics import read_jsonl
+from jaxrl_hier.skills import scheduler as scheduler_module
+from jaxrl_hier.skills import state as state_module
+from jaxrl_hier.skills.generators import ProposalContext
 from jaxrl_hier.skills.library import techtree_library
+from jaxrl_hier.skills.llm_generator import answer_loop
 from jaxrl_hier.skills.scheduler import Scheduler
-from jaxrl_hier.skills.state import LOCK_FILE, PREV_FILE, STATE_FILE, RunLock, StateError, load_state
-from jaxrl_hier.skills.trainer import RoundResult, quantities_for
+from jaxrl_hier.skills.state import (CRASH_ENV, CRASH_EXIT_CODE, LOCK_FILE, PREV_FILE, STATE_FILE, RunLock,
+                                     StateError, load_state)
 
-QUANTITIES = tuple(quantities_for(make("TechTree-v0")[0], techtree_library()))
-
-
-class Crash(Exception):
-    pass
-
-
-class FakeTrainer:
-    """Success rate per round from a script; checkpoints and experts as JSON files."""
-
-    def __init__(self, slots=2, never=(), fail_first=(), crash_at=None):
-        self.slots, self.quantity_names = slots, QUANTITIES
-        self.never, self.fail_first, self.crash_at = set(never), set(fail_first), crash_at
-        self.slot_skill, self.progress = [None] * slots, [0] * slots
-        self.starts: list[str] = []
-        self.running_sets: list[tuple[str, ...]] = []
-        self.rounds = 0
-        self.restored: dict[str, int] = {}
-
-    def init(self, key):
-        self.slot_skill, self.progress = [None] * self.slots, [0] * self.slots
-
-    def start(self, slots, library, experts, key):
-        for i, name in slots.items():
-            missing = [d for d in library.closure(name) if d not in experts]
-            assert not missing, f"{name} started without the experts of {missing}"
-            self.slot_skill[i], self.progress[i] = name, 0
-            self.starts.append(name)
-
-    def _rate(self, name, progress):
-        if name in self.never or (name in self.fail_first and self.starts.count(name) == 1):
-            return 0.1
-        return 0.5 if progress < 2 else 0.95
-
-    def train_round(self):
-        self.rounds += 1
-        if self.crash_at is not None and self.rounds == self.crash_at:
-            raise Crash("simulated crash")
-        self.running_sets.append(tuple(n for n in self.slot_skill if n))
-        out = []
-        for i, name in enumerate(self.slot_skill):
-            self.progress[i] += 1
-            out.append(RoundResult(self._rate(name, self.progress[i]) if name else None, 100, 1000, 1.0, 5.0))
-        return out
-
-    def expert(self, slot):
-        return {"skill": self.slot_skill[slot], "rounds": self.progress[slot]}
-
-    def save_checkpoint(self, directory, step, meta):
-        atomic_write_json(Path(directory) / f"{step}.json", {"skills": self.slot_skill, "progress": self.progress})
-
-    def restore_checkpoint(self, directory, step):
-        data = json.loads((Path(directory) / f"{step}.json").read_text())
-        self.slot_skill, self.progress = data["skills"], data["progress"]
-        self.restored = {n: p for n, p in zip(self.slot_skill, self.progress) if n}
-
-    def save_expert(self, directory, expert, meta):
-        atomic_write_json(Path(directory) / "expert.json", expert)
-
-    def load_expert(self, directory):
-        return json.loads((Path(directory) / "expert.json").read_text())
-
-
-class RecordingPlanner(TechTreePlanner):
-    def __init__(self, tree, fail_after=None):
-        super().__init__(tree)
-        self.contexts, self.fail_after = [], fail_after
-
-    def propose(self, context, validate):
-        self.contexts.append(context)
-        if self.fail_after is not None and len(self.contexts) > self.fail_after:
-            raise GeneratorUnavailable("http://127.0.0.1:9/v1 unreachable after 4 retries")
-        return super().propose(context, validate)
-
-
-def config(**kw):
-    values = dict(env="TechTree-v0", target="all", max_parallel_skills=2, skill_timesteps=3000, min_episodes=10,
-                  max_retries=1, max_experts=8, max_conditions=2, success_rate_threshold=0.8)
-    values.update(kw)
-    return skills_config_from_dict(values)
-
-
-def run(tmp_path, trainer, generator=None, resume=False, **kw):
-    lib = techtree_library()
-    sched = Scheduler(config(**kw), tmp_path, trainer, generator or RecordingPlanner(lib), lib)
-    return sched.run(resume=resume)
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = Path(__file__).with_name("fake_skills_trainer.py")
 
 
 def test_slots_retries_failure_isolation_and_frontier_blocking(tmp_path):
