@@ -47,8 +47,9 @@ class MetricsWriter:
     """
 
     def __init__(self, output_dir: str | Path, *, tensorboard: bool = False, wandb: bool = False,
-                 wandb_project: str = "jaxrl_hier", config: dict | None = None, primary: bool = True):
-        self.path = Path(output_dir) / "metrics.jsonl"
+                 wandb_project: str = "jaxrl_hier", config: dict | None = None, primary: bool = True,
+                 filename: str = "metrics.jsonl"):
+        self.path = Path(output_dir) / filename
         self.primary = primary
         self._file = None
         self._tb = None
