@@ -50,8 +50,12 @@ class Checkpointer:
         that is a CheckpointError here. A resumed run first drops the steps after the one it
         resumes from (`delete_newer_than`)."""
         self.wait()
-        saved = self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                                meta=ocp.args.JsonSave(dict(meta, step=step))))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta, step=step)))
+        saved = self.manager.save(step, args=args)
+        if not saved:
+            # The manager's list of steps may be out of date (another Checkpointer deleted some).
+            self.manager.reload()
+            saved = self.manager.save(step, args=args)
         if not saved:
             raise CheckpointError(
                 f"checkpoint step {step} was not saved under {self.directory}: the latest step there is "

@@ -230,8 +230,8 @@ class RunLock:
                                  f"(lock {self.path}). Wait for that run to end or stop it; a lock whose "
                                  "owner has died is taken over automatically.")
             if held is not None:
-                log.warning("taking over the stale lock %s (pid %s on %s is gone)", self.path, held.get("pid"),
-                            held.get("host"))
+                log.warning("taking over the stale lock %s (pid %s on %s is gone, or its heartbeat is older than "
+                            "%g s)", self.path, held.get("pid"), held.get("host"), self.stale_after_s)
             crash_point("lock.judged")  # the lock was judged free or stale; now it is replaced
             self._write()
         self.lost = None
@@ -261,6 +261,9 @@ class RunLock:
 
     def check(self) -> None:
         """Raise if the lock was taken over (this run's heartbeat lapsed): never two writers."""
+        held = self._read()  # a small file, replaced atomically: cheap beside a round
+        if self.lost is None and not self._mine(held):
+            self.lost = held or {}
         if self.lost is not None:
             raise StateError(f"the lock {self.path} was taken over by pid {self.lost.get('pid')} on "
                              f"{self.lost.get('host')} (this run's heartbeat was older than {self.stale_after_s:g} s); "

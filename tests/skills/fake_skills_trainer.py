@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer
@@ -99,7 +100,8 @@ class FakeTrainer:
         self.restored = {n: p for n, p in zip(self.slot_skill, self.progress) if n}
 
     def save_expert(self, directory, expert, meta):
-        atomic_write_json(Path(directory) / "expert.json", expert)
+        if jax.process_index() == 0:  # as Orbax: in a multi-process run, process 0 writes
+            atomic_write_json(Path(directory) / "expert.json", expert)
 
     def load_expert(self, directory):
         return json.loads((Path(directory) / "expert.json").read_text())

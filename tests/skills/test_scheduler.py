@@ -131,3 +131,211 @@ def test_lock_refuses_a_live_owner_and_takes_over_a_stale_one(tmp_path):
         else:
             with pytest.raises(StateError, match="in use by pid"):
                 lock.acquire()
+
+
+# ---------------------------------------------------------------------------- kills between two writes
+def summary(state):
+    """What a run computed, skill by skill (wall time aside): equal runs trained equally."""
+    return {r.name: (r.status, r.attempts, r.total_steps, r.rounds, r.success_rate) for r in state.skills}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The same run as the child's, never interrupted."""
+    out = tmp_path_factory.mktemp("reference")
+    return summary(run(out, FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS)))
+
+
+def run_child(out, *args, crash_at=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env.pop(CRASH_ENV, None)
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    return subprocess.run([sys.executable, str(CHILD), str(out), *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("crash_at", [
+    "state.prev_written:12",  # window 1: .prev copied, the new state not written yet
+    "round.checkpoint_saved:4",  # window 2: round 5's checkpoint saved, the state still names round 4's
+])
+def test_kill_between_two_writes_then_resume_loses_and_retrains_nothing(tmp_path, reference, crash_at):
+    child = run_child(tmp_path, crash_at=crash_at)
+    assert child.returncode == CRASH_EXIT_CODE, child.stdout + child.stderr[-3000:]
+    killed = load_state(tmp_path)  # a complete state file at the path resume reads
+    assert (tmp_path / LOCK_FILE).exists()  # left behind by the kill, taken over below
+    completed = {r.name for r in killed.by_status("completed")}
+    continuing = {r.name for r in killed.by_status("running") if r.started_round < killed.checkpoint_round}
+    assert completed and continuing, killed  # the kill fell mid-run, with skills past a checkpoint
+    steps = Checkpointer(tmp_path / "checkpoints", keep=None, asynchronous=False).all_steps()
+    if crash_at.startswith("round"):
+        assert max(steps) == killed.checkpoint_round + 1  # the stale step the replayed round saves again
+    else:
+        assert (tmp_path / PREV_FILE).read_bytes() == (tmp_path / STATE_FILE).read_bytes()
+
+    trainer = FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS)
+    state = run(tmp_path, trainer, resume=True)
+    assert summary(state) == reference  # nothing lost, nothing trained twice
+    assert not completed & set(trainer.starts)  # completed skills were loaded, never started again
+    assert continuing <= set(trainer.restored) and not continuing & set(trainer.starts)  # from their checkpoint
+    for r in state.skills:  # one metrics row per round that counts, none from the replayed round twice
+        updates = [row["update"] for row in read_jsonl(tmp_path / "skills" / r.dirname / "metrics.jsonl")]
+        assert len(updates) == len(set(updates)) == r.rounds, (r.name, updates)
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_checkpointer_refuses_a_step_orbax_would_skip_and_deletes_newer_steps(tmp_path):
+    ckpt = Checkpointer(tmp_path, keep=3, asynchronous=False)
+    for step in (1, 2, 3):
+        ckpt.save(step, {"x": np.full(2, step)}, {})
+    with pytest.raises(CheckpointError, match="step 2 was not saved.*latest step there is 3"):
+        ckpt.save(2, {"x": np.full(2, 20)}, {})  # Orbax returns False and writes nothing
+    assert Checkpointer(tmp_path, keep=3).delete_newer_than(1) == [2, 3]  # another manager: ckpt's list is old
+    ckpt.save(2, {"x": np.full(2, 20)}, {})
+    state, meta = ckpt.restore(2, {"x": np.zeros(2, np.int64)}, {})
+    assert state["x"].tolist() == [20, 20] and meta["step"] == 2 and ckpt.all_steps() == [1, 2]
+
+
+# ---------------------------------------------------------------------------- the lock
+RACER = """
+import sys, time, pathlib
+from jaxrl_hier.skills import state
+d = pathlib.Path(sys.argv[1])
+(d / sys.argv[2]).touch()
+while not (d / "go").exists():
+    time.sleep(0.01)
+# Widen the window between judging the lock stale and replacing it.
+state.crash_hook = lambda name: time.sleep(0.5) if name == "lock.judged" else None
+try:
+    state.RunLock(d).acquire()
+except state.StateError as err:
+    print("lost", err, flush=True)
+    sys.exit(0)
+print("won", flush=True)
+while not (d / "release").exists():  # hold the lock (alive) until the other racer has decided
+    time.sleep(0.01)
+"""
+
+
+def test_two_resumers_race_for_a_stale_lock_and_one_wins(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "heartbeat": 0}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), f"ready{i}"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        end = time.monotonic() + 120
+        while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.monotonic() < end:
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        loser = None
+        while loser is None and time.monotonic() < end:
+            loser = next((p for p in racers if p.poll() is not None), None)
+            time.sleep(0.05)
+        assert loser is not None, "no racer lost: both took the lock"
+        winner = racers[1 - racers.index(loser)]
+        out, err = loser.communicate()
+        assert out.startswith("lost") and "in use by pid" in out, out + err
+        held = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert held["pid"] == winner.pid and winner.poll() is None
+    finally:
+        (tmp_path / "release").touch()
+        for p in racers:
+            p.wait(timeout=60)
+    assert "won" in winner.stdout.read()
+
+
+def test_heartbeat_keeps_the_lock_of_a_long_round_fresh(tmp_path):
+    """A round longer than the staleness limit: another host must not take the live run's lock;
+    once the heartbeat stops, it may, and the old owner stops before writing."""
+    elsewhere = RunLock(tmp_path, stale_after_s=0.6)
+    elsewhere.owner = {"pid": 1, "host": "elsewhere"}
+    refused = []
+
+    def long_round(n):
+        if n == 2:
+            time.sleep(1.5)  # 2.5 staleness periods
+            with pytest.raises(StateError, match="in use by pid") as err:
+                elsewhere.acquire()
+            refused.append(str(err.value))
+
+    state = run(tmp_path, FakeTrainer(round_hook=long_round), stale_lock_s=0.6)
+    assert refused and all(r.status == "completed" for r in state.skills)
+
+    lock = RunLock(tmp_path, stale_after_s=0.6)
+    lock.acquire()
+    lock.stop_heartbeat()  # the control: without the heartbeat the same wait makes it stale
+    time.sleep(1.0)
+    elsewhere.acquire()
+    lock.heartbeat()
+    with pytest.raises(StateError, match="taken over by pid 1 on elsewhere"):
+        lock.check()
+    lock.release()  # not ours any more: left alone
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "elsewhere"
+    elsewhere.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_a_run_whose_lock_was_taken_over_stops_without_writing(tmp_path):
+    elsewhere = RunLock(tmp_path, stale_after_s=0.5)
+    elsewhere.owner = {"pid": 1, "host": "elsewhere"}
+    before = {}
+    sched = None
+
+    def take_over(n):
+        if n == 3:
+            before["state"] = (tmp_path / STATE_FILE).read_bytes()
+            sched.lock.stop_heartbeat()
+            time.sleep(0.8)
+            elsewhere.acquire()
+
+    lib = techtree_library()
+    sched = Scheduler(config(stale_lock_s=0.5), tmp_path, FakeTrainer(round_hook=take_over), RecordingPlanner(lib), lib)
+    sched.lock.heartbeat_s = 0.1
+    with pytest.raises(StateError, match="taken over by pid 1 on elsewhere"):
+        sched.run()
+    assert (tmp_path / STATE_FILE).read_bytes() == before["state"]
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == "elsewhere"
+    elsewhere.release()
+
+
+# ---------------------------------------------------------------------------- processes, budgets
+def test_only_process_0_writes_the_run_directory(tmp_path, monkeypatch):
+    run(tmp_path, FakeTrainer(learn_rounds=3), max_rounds=4)
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "checkpoints" not in p.parts}
+    monkeypatch.setattr(jax, "process_index", lambda: 1)  # every process but 0 of a multi-process run
+    state = run(tmp_path, FakeTrainer(learn_rounds=3), resume=True, max_rounds=6)
+    assert state.round == 6 and load_state(tmp_path).round == 4  # trained, read, wrote nothing
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "checkpoints" not in p.parts} == files
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_max_rounds_stops_and_a_larger_one_goes_on(tmp_path, reference):
+    first = run(tmp_path, FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS), max_rounds=5)
+    assert first.round == 5 and first.by_status("running") and first.generation == "active"
+    state = run(tmp_path, FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS), resume=True)
+    assert summary(state) == reference
+
+
+def test_a_proposals_max_timesteps_is_its_budget_per_attempt(tmp_path):
+    planner = RecordingPlanner(techtree_library(), budgets={"place_table": 1000, "collect_three_wood": 10**9})
+    state = run(tmp_path, FakeTrainer(never={"place_table", "collect_three_wood"}), planner, max_retries=0)
+    # 1000 steps (one round) for place_table; collect_three_wood asked for more than the config's 3000
+    assert state.record("place_table").total_steps == 1000 and "after 1,000 steps" in state.record("place_table").reason
+    assert state.record("collect_three_wood").total_steps == 3000
+    assert load_state(tmp_path).record("place_table").max_timesteps == 1000
+
+
+def test_an_llm_answer_with_max_timesteps_reaches_the_scheduler(tmp_path):
+    answers = iter(['{"name": "collect_wood", "requires": [], "success": ["achievement.collect_wood == 1"], '
+                    '"max_timesteps": 0}',  # refused by the schema, re-asked
+                    '{"name": "collect_wood", "requires": [], "success": ["achievement.collect_wood == 1"], '
+                    '"max_timesteps": 2000}', '{"done": true}'])
+
+    class ScriptedLLM:
+        def propose(self, context: ProposalContext, validate):
+            return answer_loop(lambda messages: next(answers), context, validate, 3, "scripted", scheduler_module.log)
+
+    state = run(tmp_path, FakeTrainer(), ScriptedLLM())
+    assert [(r.name, r.max_timesteps, r.status) for r in state.skills] == [("collect_wood", 2000, "completed")]
