@@ -78,6 +78,20 @@ class LanguageModel(_Model):
         return decoder.hidden_states(self.config, params, input_ids, attention_mask, positions=positions,
                                      lora=lora, mesh=self.mesh)[0]
 
+    def hidden_and_cache(self, params: Any, input_ids: jax.Array, attention_mask: jax.Array, *,
+                         positions: jax.Array | None = None, cache: KVCache | None = None, cache_index: Any = None,
+                         lora: Lora | None = None) -> tuple[jax.Array, KVCache | None]:
+        """`forward` without the vocabulary projection: final-norm hidden [B, T, H] and the new cache.
+
+        With `head` it lets the sampler project only the positions it needs (the last one of a
+        prompt) and the scorer project the sequence chunk by chunk."""
+        return decoder.hidden_states(self.config, params, input_ids, attention_mask, positions=positions,
+                                     cache=cache, cache_index=cache_index, lora=lora, mesh=self.mesh)
+
+    def head(self, params: Any, hidden: jax.Array) -> jax.Array:
+        """Float32 vocabulary logits [..., V] of final-norm hidden states [..., H]."""
+        return decoder.lm_head(self.config, params, hidden)
+
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache; dtype defaults to the weights' dtype."""
         return decoder.init_cache(self.config, batch, max_len, dtype or self.dtype, mesh=self.mesh)

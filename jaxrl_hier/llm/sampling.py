@@ -29,11 +29,14 @@ DEFAULT_MIN_BUCKET = 16
 
 
 class GenerateOutput(NamedTuple):
-    """tokens, logprobs and mask are [B, max_new_tokens]; mask is 1 up to and including EOS."""
+    """tokens, logprobs and mask are [B, max_new_tokens]; mask is 1 up to and including EOS.
+
+    hidden is [B, max_new_tokens, H] from `sample_tokens(..., return_hidden=True)`, else None."""
 
     tokens: jax.Array
     logprobs: jax.Array
     mask: jax.Array
+    hidden: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------- bucketing
@@ -69,25 +72,56 @@ def left_pad(input_ids: Any, attention_mask: Any, length: int, pad_token_id: int
 
 def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: int | None,
                   top_p: jax.Array | float | None) -> jax.Array:
-    """Log-probs of the sampling distribution: temperature, then top-k, then nucleus top-p.
+    """Log-probs [..., V] of the sampling distribution: temperature, then top-k, then nucleus top-p.
 
-    Removed tokens get -inf; the result is renormalised (a log_softmax).
+    Removed tokens get -inf; the result is renormalised (a log_softmax). Any leading dims.
     """
     scaled = logits.astype(jnp.float32) / temperature
+    ranked = None  # the candidates in descending order, when top-k already sorted them
     if top_k is not None and top_k < scaled.shape[-1]:
-        kth = jax.lax.top_k(scaled, top_k)[0][..., -1:]
-        scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+        ranked = jax.lax.top_k(scaled, top_k)[0]
+        scaled = jnp.where(scaled < ranked[..., -1:], -jnp.inf, scaled)
     if top_p is not None:
-        order = jnp.argsort(-scaled, axis=-1)
-        sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        # keep a token when the mass strictly before it is < top_p: the top token is always kept
-        before = jnp.cumsum(probs, axis=-1) - probs
-        keep_sorted = before < top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            jnp.arange(scaled.shape[0])[:, None], order].set(keep_sorted)
-        scaled = jnp.where(keep, scaled, -jnp.inf)
+        if ranked is None:
+            ranked = -jnp.sort(-scaled, axis=-1)
+        probs = jax.nn.softmax(ranked, axis=-1)
+        # keep a token when the mass strictly before it is < top_p: the top token is always kept;
+        # the kept tokens are a prefix of the ranking, so the smallest kept logit is the cut
+        keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+        cut = jnp.min(jnp.where(keep, ranked, jnp.inf), axis=-1, keepdims=True)
+        scaled = jnp.where(scaled >= cut, scaled, -jnp.inf)
     return jax.nn.log_softmax(scaled, axis=-1)
+
+
+def _entropy(logp: jax.Array) -> jax.Array:
+    """Entropy of log-probs over the last axis (filtered-out tokens, at -inf, add nothing)."""
+    return -jnp.sum(jnp.where(jnp.isfinite(logp), jnp.exp(logp) * logp, 0.0), axis=-1)
+
+
+def _is_zero(x: Any) -> bool:
+    return isinstance(x, (int, float, np.number)) and float(x) == 0.0
+
+
+def _settings(temperature: Any, top_k: int | None, top_p: Any) -> tuple[bool, Any, int | None, Any]:
+    """(plain, temperature, top_k, top_p): a concrete temperature 0 (greedy) means the model's own
+    distribution; a concrete top_p of 1 or more filters nothing. Traced values pass through."""
+    if top_k is not None and (not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ConfigError(f"top_k must be a Python int >= 1 or None, got {top_k!r}.")
+    if isinstance(temperature, (int, float, np.number)) and temperature < 0:
+        raise ConfigError(f"temperature must be >= 0 (0 = greedy), got {temperature}.")
+    if isinstance(top_p, (int, float, np.number)):
+        if not 0 < top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1] or None, got {top_p}.")
+        top_p = None if top_p >= 1 else top_p
+    plain = _is_zero(temperature) or (isinstance(temperature, (int, float, np.number)) and temperature == 1
+                                       and top_k is None and top_p is None)
+    return plain, temperature, top_k, top_p
+
+
+def _log_dist(logits: jax.Array, plain: bool, temperature: Any, top_k: int | None, top_p: Any) -> jax.Array:
+    if plain:
+        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return filter_logits(logits, temperature, top_k, top_p)
 
 
 def _positions(mask: jax.Array) -> jax.Array:
@@ -101,20 +135,57 @@ def _call(lm: Any, params: Any, ids: jax.Array, mask: jax.Array, lora: Any, **kw
     return lm.forward(params, ids, mask, **kw)
 
 
-# ----------------------------------------------------------------------------- generate
+def _split(lm: Any) -> bool:
+    """Whether the model exposes its trunk and head apart (`hidden_and_cache`, `head`), as
+    LanguageModel does; otherwise only `forward`'s full logits are used."""
+    return hasattr(lm, "hidden_and_cache") and hasattr(lm, "head")
 
 
-def _generate_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, key: jax.Array,
-                   temperature: jax.Array, top_p: jax.Array | None, lora: Any, *, max_new_tokens: int,
-                   greedy: bool, top_k: int | None, eos: tuple[int, ...], pad_token_id: int) -> GenerateOutput:
+def _last_logits(lm: Any, params: Any, ids: jax.Array, mask: jax.Array, lora: Any, **kw: Any
+                 ) -> tuple[jax.Array, Any, jax.Array | None]:
+    """Logits [B, V] of the last position only, the new cache, and that position's hidden [B, H]."""
+    if _split(lm):
+        if lora is not None:
+            kw["lora"] = lora
+        hidden, cache = lm.hidden_and_cache(params, ids, mask, **kw)
+        return lm.head(params, hidden[:, -1]), cache, hidden[:, -1]
+    logits, cache = _call(lm, params, ids, mask, lora, **kw)
+    return logits[:, -1], cache, None
+
+
+# ----------------------------------------------------------------------------- sampling core
+
+
+def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, key: jax.Array, *,
+                  max_new_tokens: int, temperature: jax.Array | float = 1.0, top_k: int | None = None,
+                  top_p: jax.Array | float | None = None, eos_ids: int | Sequence[int] = (), pad_token_id: int = 0,
+                  lora: Any = None, greedy: bool = False, return_hidden: bool = False) -> GenerateOutput:
+    """The pure sampling program that `generate` wraps: traceable inside jit, vmap and scan.
+
+    input_ids / attention_mask [B, T] are left-padded (no bucketing or host checks here; use
+    `generate` for that). `temperature` and `top_p` may be traced arrays (top_p None = no nucleus);
+    `max_new_tokens`, `top_k`, `eos_ids`, `pad_token_id`, `greedy` and `return_hidden` are static.
+    `greedy=True` (or a concrete temperature 0) takes the argmax and reports the model's own
+    log-probs. With `return_hidden=True`, `hidden` [B, N, H] is the final-norm hidden state at each
+    generated token's position (the token fed through the model; one more forward than without;
+    needs a model with `hidden_and_cache`/`head`, as LanguageModel).
+    """
+    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}.")
+    if return_hidden and not _split(lm):
+        raise ConfigError("return_hidden=True needs a model with hidden_and_cache() and head() "
+                          "(jaxrl_hier.llm.LanguageModel).")
+    greedy = bool(greedy) or _is_zero(temperature)
+    plain, temperature, top_k, top_p = _settings(1.0 if greedy else temperature, top_k, top_p)
+    eos = _eos_tuple(eos_ids)
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    attention_mask = jnp.asarray(attention_mask, jnp.int32)
     batch, prompt_len = input_ids.shape
-    max_len = prompt_len + max_new_tokens
-    cache = lm.init_cache(batch, max_len)
-    cache_mask = jnp.zeros((batch, max_len), jnp.int32).at[:, :prompt_len].set(attention_mask)
-    logits, cache = _call(lm, params, input_ids, cache_mask, lora, positions=_positions(attention_mask),
-                          cache=cache, cache_index=0)
-    last = logits[:, -1]
-    next_pos = jnp.sum(attention_mask, axis=-1).astype(jnp.int32)
+    n = int(max_new_tokens)
+    cache = lm.init_cache(batch, prompt_len + n)
+    cache_mask = jnp.concatenate([attention_mask, jnp.zeros((batch, n), jnp.int32)], axis=1)
+    last, cache, _ = _last_logits(lm, params, input_ids, cache_mask, lora, positions=_positions(attention_mask),
+                                  cache=cache, cache_index=0)
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
 
     def pick(last, done, sub):
@@ -123,7 +194,7 @@ def _generate_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: j
             token = jnp.argmax(last, axis=-1).astype(jnp.int32)
             logp_dist = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
         else:
-            logp_dist = filter_logits(last, temperature, top_k, top_p)
+            logp_dist = _log_dist(last, plain, temperature, top_k, top_p)
             token = jax.random.categorical(sub, logp_dist, axis=-1).astype(jnp.int32)
         logp = jnp.take_along_axis(logp_dist, token[:, None], axis=-1)[:, 0]
         live = ~done
@@ -131,24 +202,29 @@ def _generate_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: j
         done = done | (live & jnp.isin(token, eos_arr))
         return (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32)), done
 
-    keys = jax.random.split(key, max_new_tokens)
-
-    def step(carry, i):
+    def step(carry, sub):
         # sample token i, then run it through the model to get the logits for token i + 1
-        cache, cache_mask, last, done, pos = carry
-        out, done = pick(last, done, keys[i])
-        slot = prompt_len + i
-        cache_mask = cache_mask.at[:, slot].set(1)
-        logits, cache = _call(lm, params, out[0][:, None], cache_mask, lora, positions=pos[:, None],
-                              cache=cache, cache_index=slot)
-        return (cache, cache_mask, logits[:, -1], done, pos + 1), out
+        cache, cache_mask, last, done, pos, slot = carry
+        out, done = pick(last, done, sub)
+        cache_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, jnp.ones((batch, 1), jnp.int32), slot, axis=1)
+        logits, cache, hidden = _last_logits(lm, params, out[0][:, None], cache_mask, lora, positions=pos[:, None],
+                                             cache=cache, cache_index=slot)
+        return (cache, cache_mask, logits, done, pos + 1, slot + 1), (*out, hidden)
 
-    done0 = jnp.zeros((batch,), bool)
-    # the last token needs no forward pass: scan max_new_tokens - 1 steps, then sample once more
-    carry, outs = jax.lax.scan(step, (cache, cache_mask, last, done0, next_pos), jnp.arange(max_new_tokens - 1))
+    keys = jax.random.split(key, n)
+    init = (cache, cache_mask, last, jnp.zeros((batch,), bool), jnp.sum(attention_mask, axis=-1).astype(jnp.int32),
+            jnp.int32(prompt_len))
+    if return_hidden:  # every token goes through the model, so each has its hidden state
+        _, (tokens, logps, masks, hidden) = jax.lax.scan(step, init, keys)
+        return GenerateOutput(tokens.T, logps.T, masks.T, jnp.swapaxes(hidden, 0, 1))
+    # the last token needs no forward pass: scan n - 1 steps, then sample once more
+    carry, outs = jax.lax.scan(step, init, keys[:-1])
     final, _ = pick(carry[2], carry[3], keys[-1])
-    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs, final))
+    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs[:3], final))
     return GenerateOutput(tokens.T, logps.T, masks.T)
+
+
+# ----------------------------------------------------------------------------- generate
 
 
 _COMPILED: dict[tuple, tuple[Any, Any]] = {}
@@ -161,9 +237,8 @@ def _compiled(lm: Any, statics: tuple) -> Any:
         max_new_tokens, greedy, top_k, eos, pad = statics
 
         def fn(params, ids, mask, rng, temperature, top_p, lora):
-            return _generate_impl(lm, params, ids, mask, rng, temperature, top_p, lora,
-                                  max_new_tokens=max_new_tokens, greedy=greedy, top_k=top_k, eos=eos,
-                                  pad_token_id=pad)
+            return sample_tokens(lm, params, ids, mask, rng, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 top_k=top_k, top_p=top_p, eos_ids=eos, pad_token_id=pad, lora=lora, greedy=greedy)
 
         _COMPILED[key] = (lm, jax.jit(fn))  # holding lm keeps id(lm) from being reused
     return _COMPILED[key][1]
@@ -240,28 +315,87 @@ def generate(lm: Any, params: Any, input_ids: Any, attention_mask: Any, *, key: 
 
 # ----------------------------------------------------------------------------- scoring
 
+DEFAULT_CHUNK_SIZE = 128
 
-def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array,
-                         lora: Any) -> jax.Array:
-    logits, _ = _call(lm, params, input_ids, attention_mask, lora, positions=_positions(attention_mask))
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
+
+def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array, plain: bool, temperature: Any,
+                    top_k: int | None, top_p: Any, chunk_size: int, want_entropy: bool
+                    ) -> tuple[jax.Array, jax.Array | None]:
+    """Log-prob of each target and entropy per position from hidden [B, N, H], `chunk_size`
+    positions at a time: only one chunk's [B, chunk, V] float32 logits exist at once, and the
+    backward pass recomputes them chunk by chunk (jax.checkpoint)."""
+    b, n, h = hidden.shape
+    chunk = min(int(chunk_size), n)
+    pad = -n % chunk
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    chunks = (n + pad) // chunk
+    hs = hidden.reshape(b, chunks, chunk, h).swapaxes(0, 1)
+    ts = targets.reshape(b, chunks, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def score(params, temperature, top_p, h_c, t_c):
+        logp = _log_dist(lm.head(params, h_c), plain, temperature, top_k, top_p)
+        picked = jnp.take_along_axis(logp, t_c[..., None], axis=-1)[..., 0]
+        return picked, (_entropy(logp) if want_entropy else None)
+
+    picked, entropy = jax.lax.map(lambda xs: score(params, temperature, top_p, *xs), (hs, ts))
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n + pad)[:, :n]  # noqa: E731
+    return unchunk(picked), (unchunk(entropy) if want_entropy else None)
+
+
+def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, lora: Any,
+                         plain: bool, temperature: Any, top_k: int | None, top_p: Any,
+                         chunk_size: int, want_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+    positions = _positions(attention_mask)
+    if _split(lm):
+        kw = {} if lora is None else {"lora": lora}
+        hidden, _ = lm.hidden_and_cache(params, input_ids, attention_mask, positions=positions, **kw)
+        picked, entropy = _chunked_scores(lm, params, hidden[:, :-1], input_ids[:, 1:], plain, temperature, top_k,
+                                          top_p, chunk_size, want_entropy)
+    else:  # a model with only `forward`: full logits
+        logits, _ = _call(lm, params, input_ids, attention_mask, lora, positions=positions)
+        logp = _log_dist(logits[:, :-1], plain, temperature, top_k, top_p)
+        picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
+        entropy = _entropy(logp) if want_entropy else None
     # Entry j is a real prediction only when both its context token j and its target j+1 are real
-    # (the first real token of a left-padded row has no real context).
-    return picked * (attention_mask[:, :-1] * attention_mask[:, 1:])
+    # (the first real token of a left-padded row has no real context). `where`, not a product: a
+    # target outside the top-k/top-p set scores -inf, and -inf * 0 is NaN.
+    valid = (attention_mask[:, :-1] > 0) & (attention_mask[:, 1:] > 0)
+    return jnp.where(valid, picked, 0.0), (None if entropy is None else jnp.where(valid, entropy, 0.0))
 
 
-def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lora: Any = None) -> jax.Array:
-    """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1].
+def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lora: Any = None, *,
+                   temperature: jax.Array | float = 1.0, top_k: int | None = None,
+                   top_p: jax.Array | float | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                   return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1] (+ entropy [B, T-1]).
 
     Entry j scores token input_ids[:, j + 1]; it is 0 unless tokens j and j + 1 both have
-    attention_mask 1 (so a left-padded row's first real token, which has no context, scores 0). Left-padded rows are fine (positions follow the mask).
-    Differentiable in params and lora; call it inside your own jit (it is traced, not jitted here).
+    attention_mask 1 (so a left-padded row's first real token, which has no context, scores 0).
+    Left-padded rows are fine (positions follow the mask).
+
+    The distribution is the sampler's: logits / temperature, then top_k, then top_p, renormalised
+    (the defaults, temperature 1 and no filtering, are the model's own; a concrete temperature 0
+    means greedy, whose sampler log-probs are also the model's own). So for the params that
+    sampled, these equal `GenerateOutput.logprobs` at the completion positions: the importance
+    ratio starts at exactly 1. A target outside the top-k/top-p set scores -inf. `temperature` and
+    `top_p` may be traced. `return_entropy=True` adds the entropy of that distribution per position
+    (0 where the entry is 0).
+
+    The vocabulary projection runs over `chunk_size` positions at a time (rematerialised in the
+    backward pass), so [B, T, V] float32 logits never exist at once. Differentiable in params and
+    lora; call it inside your own jit (it is traced, not jitted here).
     """
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
+    plain, temperature, top_k, top_p = _settings(temperature, top_k, top_p)
     ids = jnp.asarray(input_ids, jnp.int32)
     mask = jnp.asarray(attention_mask, jnp.int32)
-    return _token_logprobs_impl(lm, params, ids, mask, lora)
+    logp, entropy = _token_logprobs_impl(lm, params, ids, mask, lora, plain, temperature, top_k, top_p,
+                                         int(chunk_size), bool(return_entropy))
+    return (logp, entropy) if return_entropy else logp
 
 
-__all__ = ["GenerateOutput", "generate", "token_logprobs", "bucket_length", "left_pad", "filter_logits",
+__all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "bucket_length", "left_pad", "filter_logits",
            "compiled_programs", "clear_compiled"]

@@ -1,0 +1,125 @@
+"""The LLM core as an RL loop uses it: the traceable sampler (`sample_tokens` inside jit/vmap/scan,
+hidden states), the sampler/trainer log-prob match under temperature and top-p (importance ratio 1),
+chunked scoring (values, gradients, entropy), and meshes with Explicit axes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import transformers
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm import LanguageModel, sampling
+from jaxrl_hier.llm.sampling import sample_tokens, token_logprobs
+
+V = 29
+IDS = np.array([[0, 0, 5, 7, 9, 3], [3, 4, 5, 6, 2, 8]], np.int32)
+MASK = np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], np.int32)
+N = 5
+
+
+@pytest.fixture(scope="module")
+def lm():
+    cfg = transformers.Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=True)
+    model = LanguageModel.random(cfg, jax.random.key(0))
+    # larger logits than N(0, 0.02) weights give, so temperature and top-p change the distribution
+    model.params = jax.tree_util.tree_map(lambda x: x * 6 if x.ndim == 2 else x, model.params)
+    return model
+
+
+def _full(out):
+    """Prompt + completion, as the trainer scores it."""
+    return (np.concatenate([IDS, np.asarray(out.tokens)], 1), np.concatenate([MASK, np.asarray(out.mask)], 1))
+
+
+@pytest.fixture(scope="module")
+def sample_fn(lm):
+    def fn(params, ids, mask, key, temperature, top_p):
+        return sample_tokens(lm, params, ids, mask, key, max_new_tokens=N, temperature=temperature, top_k=None,
+                             top_p=top_p, eos_ids=(), pad_token_id=0, return_hidden=True)
+    return fn
+
+
+def test_importance_ratio_is_one_at_temperature_and_top_p(lm):
+    out = sampling.generate(lm, lm.params, IDS, MASK, key=jax.random.key(3), max_new_tokens=N, temperature=0.7,
+                            top_p=0.95, buckets=[IDS.shape[1]])
+    ids, mask = _full(out)
+    lp = np.asarray(token_logprobs(lm, lm.params, ids, mask, temperature=0.7, top_p=0.95))[:, -N:]
+    np.testing.assert_allclose(lp, np.asarray(out.logprobs), atol=1e-5, rtol=0)
+    plain = np.asarray(token_logprobs(lm, lm.params, ids, mask))[:, -N:]
+    assert np.abs(plain - lp).max() > 1e-2  # the settings matter: the model's own log-probs differ
+
+
+def test_greedy_logprobs_are_the_models_own(lm):
+    out = sampling.generate(lm, lm.params, IDS, MASK, key=jax.random.key(0), max_new_tokens=N, temperature=0.0,
+                            buckets=[IDS.shape[1]])
+    ids, mask = _full(out)
+    for lp in (token_logprobs(lm, lm.params, ids, mask), token_logprobs(lm, lm.params, ids, mask, temperature=0)):
+        np.testing.assert_allclose(np.asarray(lp)[:, -N:], np.asarray(out.logprobs), atol=1e-5, rtol=0)
+
+
+def test_chunked_scores_equal_full_logits_with_gradients_and_entropy(lm):
+    ids = np.concatenate([IDS, IDS[:, ::-1]], 1)
+    mask = np.concatenate([MASK, np.ones_like(MASK)], 1)
+    valid = (mask[:, :-1] * mask[:, 1:]).astype(bool)
+
+    def reference(params):  # the old way: [B, T, V] logits at once
+        logits = lm.forward(params, jnp.asarray(ids), jnp.asarray(mask))[0][:, :-1]
+        logp = sampling.filter_logits(logits, 0.8, None, 0.9)
+        picked = jnp.take_along_axis(logp, jnp.asarray(ids[:, 1:, None]), -1)[..., 0]
+        ent = -jnp.sum(jnp.where(jnp.isfinite(logp), jnp.exp(logp) * logp, 0), -1)
+        return jnp.where(valid, picked, 0), jnp.where(valid, ent, 0)
+
+    def chunked(params):  # 11 positions in chunks of 4: the last chunk is padded
+        return token_logprobs(lm, params, ids, mask, temperature=0.8, top_p=0.9, chunk_size=4, return_entropy=True)
+
+    (lp_r, ent_r), (lp_c, ent_c) = reference(lm.params), jax.jit(chunked)(lm.params)
+    np.testing.assert_allclose(np.asarray(lp_c), np.asarray(lp_r), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ent_c), np.asarray(ent_r), atol=1e-5)
+    assert np.all(np.asarray(ent_c)[valid] > 0) and np.all(np.asarray(ent_c)[~valid] == 0)
+    finite = lambda lp: jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0))  # noqa: E731
+    g_r = jax.grad(lambda p: finite(reference(p)[0]))(lm.params)
+    g_c = jax.jit(jax.grad(lambda p: finite(chunked(p)[0])))(lm.params)
+    for a, b in zip(jax.tree_util.tree_leaves(g_r), jax.tree_util.tree_leaves(g_c)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(g_c)) > 0
+
+
+def test_sample_tokens_inside_jit_vmap_and_scan_equals_direct_call(lm, sample_fn):
+    keys = jax.random.split(jax.random.key(7), 2)
+    temps, top_ps = jnp.array([0.7, 1.3]), jnp.array([0.9, 1.0])
+    ids2, mask2 = jnp.stack([IDS, IDS[::-1]]), jnp.stack([MASK, MASK[::-1]])
+    direct = [sample_fn(lm.params, ids2[i], mask2[i], keys[i], temps[i], top_ps[i]) for i in range(2)]
+    vmapped = jax.jit(jax.vmap(sample_fn, in_axes=(None, 0, 0, 0, 0, 0)))(lm.params, ids2, mask2, keys, temps, top_ps)
+
+    def body(carry, xs):
+        return carry, sample_fn(lm.params, *xs)
+
+    _, scanned = jax.jit(lambda xs: jax.lax.scan(body, 0, xs))((ids2, mask2, keys, temps, top_ps))
+    for i in range(2):
+        for got in (vmapped, scanned):
+            np.testing.assert_array_equal(np.asarray(got.tokens[i]), np.asarray(direct[i].tokens))
+            np.testing.assert_allclose(np.asarray(got.logprobs[i]), np.asarray(direct[i].logprobs), atol=1e-5)
+            np.testing.assert_allclose(np.asarray(got.hidden[i]), np.asarray(direct[i].hidden), atol=1e-5)
+    assert not np.array_equal(np.asarray(direct[0].tokens), np.asarray(direct[1].tokens))
+
+
+def test_hidden_is_the_final_norm_state_at_each_generated_position(lm, sample_fn):
+    out = jax.jit(sample_fn)(lm.params, IDS, MASK, jax.random.key(1), 1.0, None)
+    assert out.hidden.shape == (2, N, 32)
+    ids, mask = _full(out)
+    full = lm.hidden_states(lm.params, jnp.asarray(ids), jnp.asarray(mask))
+    np.testing.assert_allclose(np.asarray(out.hidden), np.asarray(full[:, -N:]), atol=1e-5)
+
+
+def test_bad_settings_are_config_errors(lm):
+    with pytest.raises(ConfigError, match="chunk_size"):
+        token_logprobs(lm, lm.params, IDS, MASK, chunk_size=0)
+    with pytest.raises(ConfigError, match="top_p"):
+        token_logprobs(lm, lm.params, IDS, MASK, top_p=0.0)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        sample_tokens(lm, lm.params, IDS, MASK, jax.random.key(0), max_new_tokens=0)
