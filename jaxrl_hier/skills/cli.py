@@ -11,12 +11,13 @@ before anything compiles. `run` and `resume` exit 0 when the target skill comple
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
 from pathlib import Path
 
-from jaxrl_hier.config import ConfigError, load_config, parse_overrides, save_config
+from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
@@ -139,7 +140,11 @@ def cmd_run(args) -> int:
 def resume_overrides(items: list[str]) -> dict:
     """The `key=value` overrides of `resume`, refused unless every key is in RESUME_SAFE_KEYS."""
     overrides = parse_overrides(items)
+    known = {f.name for f in dataclasses.fields(SkillsConfig)}
     for key in overrides:
+        if key not in known and key.split(".")[0] != "ppo":
+            raise ConfigError(f"unknown config key '{key}'.{closest(key, RESUME_SAFE_KEYS)} resume accepts "
+                              f"{', '.join(RESUME_SAFE_KEYS)}.")
         if key not in RESUME_SAFE_KEYS:
             raise ConfigError(f"'{key}' cannot be changed on resume: it would change what the running skills "
                               f"compute. resume accepts {', '.join(RESUME_SAFE_KEYS)}; for other changes start a "

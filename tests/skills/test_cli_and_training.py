@@ -1,5 +1,5 @@
-"""The skills CLI: bad input (exit 2 before compiling), and a real TechTree run of four skills that
-is SIGKILLed mid-way and resumed."""
+"""The skills CLI: bad input (exit 2 before compiling), resume overrides (safe keys only), and a
+real TechTree run of four skills that is SIGKILLed mid-way and resumed."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from fake_skills_trainer import FakeTrainer
 
 from jaxrl_hier.skills.cli import main
-from jaxrl_hier.skills.state import STATE_FILE, load_state
+from jaxrl_hier.skills.state import LOCK_FILE, PREV_FILE, STATE_FILE, load_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +82,55 @@ def test_resume_and_status_refuse_what_is_not_a_run(tmp_path, capsys):
     (tmp_path / STATE_FILE).write_text("{")
     assert main(["status", str(tmp_path)]) == 2
     assert "corrupt" in capsys.readouterr().err and (tmp_path / STATE_FILE).read_text() == "{"
+    # Only the previous state (left by older versions killed mid-write): neither a fresh run on
+    # top of its checkpoints nor a resume that guesses.
+    (tmp_path / STATE_FILE).rename(tmp_path / PREV_FILE)
+    assert main(["resume", str(tmp_path)]) == 2
+    assert f"copy {PREV_FILE} to {STATE_FILE}" in capsys.readouterr().err
+    assert main(["run", "--config", str(write_config(tmp_path)), "--output-dir", str(tmp_path)]) == 2
+    assert "already holds a skills run" in capsys.readouterr().err
+
+
+def snapshot(directory: Path) -> dict:
+    return {p.relative_to(directory): (p.read_bytes(), p.stat().st_mtime_ns) for p in directory.rglob("*")
+            if p.is_file()}
+
+
+def test_resume_refuses_unsafe_overrides_untouched_and_records_safe_ones(tmp_path, capsys, monkeypatch):
+    trainers = []
+
+    def fake_trainer(config, catalog):  # the CLI as it is, with the fast trainer
+        trainers.append(FakeTrainer(slots=config.max_parallel_skills, learn_rounds=3))
+        return trainers[-1]
+
+    monkeypatch.setattr("jaxrl_hier.skills.trainer.SkillTrainer", fake_trainer)
+    out = tmp_path / "run"
+    assert main(["run", "--config", str(write_config(tmp_path)), "--output-dir", str(out), "max_rounds=4",
+                 "min_skill_timesteps=0", "--no-progress"]) == 1  # stopped by max_rounds, target not reached
+    stopped = load_state(out)
+    done, running = {r.name for r in stopped.by_status("completed")}, {r.name for r in stopped.by_status("running")}
+    assert done and running
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": os.uname().nodename, "heartbeat": 0}))
+    before = snapshot(out)
+    for overrides, message in [(["seed=1"], "'seed' cannot be changed on resume"),
+                               (["max_retries=2", "updates_per_round=5"], "'updates_per_round' cannot be changed"),
+                               (["max_round=9"], "Did you mean 'max_rounds'"),
+                               (["max_rounds=-1"], "'max_rounds' must be >= 0")]:
+        assert main(["resume", str(out), *overrides]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert "cannot be changed" not in message or "resume accepts max_rounds, max_retries, stale_lock_s" in err
+        assert snapshot(out) == before  # the stale lock too: nothing was taken over or rewritten
+    assert main(["resume", str(out), "--no-progress", "max_rounds=0", "max_retries=2", "llm_timeout_s=5"]) == 0
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert (recorded["max_rounds"], recorded["max_retries"], recorded["llm_timeout_s"]) == (0, 2, 5.0)
+    assert recorded["seed"] == 0 and recorded["updates_per_round"] == 10
+    state = load_state(out)
+    assert [r.status for r in state.skills] == ["completed"] * 4 and state.round > 4
+    assert not done & set(trainers[-1].starts) and running <= set(trainers[-1].restored)
+    assert not (out / LOCK_FILE).exists()
 
 
 def _wait_for(predicate, proc, timeout):
@@ -119,9 +170,12 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
     rows_before = {n: len((out / "skills" / r.dirname / "metrics.jsonl").read_text().splitlines())
                    for n, r in done_before.items()}
     assert (out / "scheduler.lock").exists()  # left behind by the kill; resume must take it over
+    lock = (out / "scheduler.lock").read_bytes()
+    assert main(["resume", str(out), "ppo.lr=0.01"]) == 2  # refused before the lock or any file is touched
+    assert (out / "scheduler.lock").read_bytes() == lock and load_state(out).to_json() == killed.to_json()
 
-    res = subprocess.run(cmd + ["resume", str(out), "--no-progress"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
+    res = subprocess.run(cmd + ["resume", str(out), "--no-progress", "stale_lock_s=600"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     state = load_state(out)
     assert [r.status for r in state.skills] == ["completed"] * 4, res.stdout
