@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
 from jaxrl_hier.skills.config import SkillsConfig
-from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
+from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, is_primary, load_state
 
 CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
@@ -133,7 +133,8 @@ def cmd_run(args) -> int:
                           f"{out}` or choose a new --output-dir.")
     catalog = check_config(config)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out / CONFIG_FILE)
+    if is_primary():  # in a multi-process run, process 0 writes the run directory
+        save_config(config, out / CONFIG_FILE)
     return _execute(config, catalog, out, resume=False, progress=not args.no_progress)
 
 
