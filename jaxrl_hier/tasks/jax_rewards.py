@@ -2,9 +2,12 @@
 
 They implement exactly the answer-line rule of `answers.extract_answer` (first "####", spaces,
 optional sign, digits with ignored commas, optional ".digits", trailing text ignored, exact
-decimal comparison) on token ids, for tokenizers that write digits, "-", "+", ",", "." and " "
-as single tokens (the char tokenizer; Llama-3 and Qwen split digits too). A token that is not one
-of these (EOS, other specials, multi-character tokens) ends a number.
+decimal comparison) on token ids, for tokenizers that write each digit as one token (the char
+tokenizer; also Qwen2/Qwen3 and Llama-2/Mistral, not GPT-2 or Llama-3: `answer_token_spec`
+refuses those). "-", "+", ",", "." and " " count only as single-character tokens; any other
+token (EOS, other specials, multi-character tokens) ends a number. The text seen must decode
+one token at a time (true for the char tokenizer, where the agreement with the Python rewards is
+tested).
 
 Inputs, per batch of B completions of length L:
   tokens     int32 [B, L]  completion ids
@@ -76,6 +79,15 @@ def answer_token_spec(tokenizer: Any, marker: str = MARKER) -> AnswerTokenSpec:
     marker_ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
     if not marker_ids or tokenizer.decode(marker_ids) != marker:
         raise ConfigError(f"answer_token_spec: the tokenizer does not encode {marker!r} reversibly.")
+    # In context, numbers must still come out one token per digit (GPT-2 and Llama-3 merge digits)
+    # and the marker at the start of a line must keep its ids.
+    probe = tokenizer(f"1\n{marker} -1234567890.5", add_special_tokens=False)["input_ids"]
+    if sum(kind[i] == DIGIT for i in probe if 0 <= i < size) != 12:
+        raise ConfigError("answer_token_spec: the tokenizer merges digits into multi-digit tokens; the "
+                          "on-device rewards need one token per digit (use the Python rewards).")
+    if not any(probe[k:k + len(marker_ids)] == marker_ids for k in range(len(probe))):
+        raise ConfigError(f"answer_token_spec: {marker!r} at the start of a line does not encode as "
+                          f"{marker_ids}; the on-device rewards cannot find the answer line.")
     return AnswerTokenSpec(jnp.asarray(kind), jnp.asarray(digit), jnp.asarray(marker_ids, jnp.int32),
                            jnp.asarray(tokenizer.eos_token_id, jnp.int32))
 

@@ -145,3 +145,16 @@ def test_encode_answers_and_spec_errors(tok):
         jr.encode_answers(tok, ["twelve"])
     with pytest.raises(ConfigError, match="digits"):
         jr.answer_token_spec(build_char_tokenizer("0123#- "))
+
+
+def test_spec_refuses_tokenizers_that_merge_digits():
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[PAD]", "[UNK]", "[EOS]", "####", *"0123456789", "-", "+", ".", ","]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()  # "1234567890" becomes one (unknown) token
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
+                                                eos_token="[EOS]")
+    with pytest.raises(ConfigError, match="merges digits"):
+        jr.answer_token_spec(fast)
