@@ -79,6 +79,8 @@ def _random_row(rng, tok, answer):
 KNOWN = [("3*4=12\n#### 17", "17", 1, 1), ("#### 1,7 apples", "17", 1, 1), ("####  -17.00", "-17", 1, 1),
          ("#### -0", "0", 1, 1), ("17", "17", 0, 0), ("##### 17", "17", 0, 0), ("#### 0017", "17", 1, 1),
          ("#### 18", "17", 0, 1), ("#### 170", "17", 0, 1), ("#### 1.7", "17", 0, 1)]
+# SFT targets (worked solutions) must score as correct on device too
+KNOWN += [(p.target, p.answer, 1, 1) for p in ArithmeticTask(digits=1, steps=2, worked=True).problems("train", 14, 0)]
 GROUPS = 4
 
 
