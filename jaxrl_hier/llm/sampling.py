@@ -118,9 +118,27 @@ def _settings(temperature: Any, top_k: int | None, top_p: Any) -> tuple[bool, An
     return plain, temperature, top_k, top_p
 
 
-def _log_dist(logits: jax.Array, plain: bool, temperature: Any, top_k: int | None, top_p: Any) -> jax.Array:
+def _suppress(logits: jax.Array, suppress: tuple[int, ...]) -> jax.Array:
+    """Float32 logits with the `suppress` token ids at -inf (never sampled, as transformers'
+    suppress_tokens); the distribution renormalises over the rest."""
+    logits = logits.astype(jnp.float32)
+    if not suppress:
+        return logits
+    return logits.at[..., jnp.asarray(suppress, jnp.int32)].set(-jnp.inf)
+
+
+def _suppress_tuple(suppress_tokens: Any) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(t) for t in (suppress_tokens or ())}))
+    except (TypeError, ValueError):
+        raise ConfigError(f"suppress_tokens must be a sequence of token ids, got {suppress_tokens!r}.") from None
+
+
+def _log_dist(logits: jax.Array, plain: bool, temperature: Any, top_k: int | None, top_p: Any,
+              suppress: tuple[int, ...] = ()) -> jax.Array:
+    logits = _suppress(logits, suppress)
     if plain:
-        return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        return jax.nn.log_softmax(logits, axis=-1)
     return filter_logits(logits, temperature, top_k, top_p)
 
 
@@ -159,14 +177,16 @@ def _last_logits(lm: Any, params: Any, ids: jax.Array, mask: jax.Array, lora: An
 def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, key: jax.Array, *,
                   max_new_tokens: int, temperature: jax.Array | float = 1.0, top_k: int | None = None,
                   top_p: jax.Array | float | None = None, eos_ids: int | Sequence[int] = (), pad_token_id: int = 0,
-                  lora: Any = None, greedy: bool = False, return_hidden: bool = False) -> GenerateOutput:
+                  lora: Any = None, greedy: bool = False, return_hidden: bool = False,
+                  suppress_tokens: Sequence[int] = ()) -> GenerateOutput:
     """The pure sampling program that `generate` wraps: traceable inside jit, vmap and scan.
 
     input_ids / attention_mask [B, T] are left-padded (no bucketing or host checks here; use
     `generate` for that). `temperature` and `top_p` may be traced arrays (top_p None = no nucleus);
     `max_new_tokens`, `top_k`, `eos_ids`, `pad_token_id`, `greedy` and `return_hidden` are static.
     `greedy=True` (or a concrete temperature 0) takes the argmax and reports the model's own
-    log-probs. With `return_hidden=True`, `hidden` [B, N, H] is the final-norm hidden state at each
+    log-probs. `suppress_tokens` are never sampled (their logits are -inf before everything else;
+    token_logprobs takes the same argument). With `return_hidden=True`, `hidden` [B, N, H] is the final-norm hidden state at each
     generated token's position (the token fed through the model; one more forward than without;
     needs a model with `hidden_and_cache`/`head`, as LanguageModel).
     """
@@ -178,6 +198,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     greedy = bool(greedy) or _is_zero(temperature)
     plain, temperature, top_k, top_p = _settings(1.0 if greedy else temperature, top_k, top_p)
     eos = _eos_tuple(eos_ids)
+    suppress = _suppress_tuple(suppress_tokens)
     input_ids = jnp.asarray(input_ids, jnp.int32)
     attention_mask = jnp.asarray(attention_mask, jnp.int32)
     batch, prompt_len = input_ids.shape
@@ -191,10 +212,10 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     def pick(last, done, sub):
         """Sample (or argmax) one token per row from the last logits; finished rows emit padding."""
         if greedy:
-            token = jnp.argmax(last, axis=-1).astype(jnp.int32)
-            logp_dist = jax.nn.log_softmax(last.astype(jnp.float32), axis=-1)
+            logp_dist = _log_dist(last, True, 1.0, None, None, suppress)
+            token = jnp.argmax(logp_dist, axis=-1).astype(jnp.int32)
         else:
-            logp_dist = _log_dist(last, plain, temperature, top_k, top_p)
+            logp_dist = _log_dist(last, plain, temperature, top_k, top_p, suppress)
             token = jax.random.categorical(sub, logp_dist, axis=-1).astype(jnp.int32)
         logp = jnp.take_along_axis(logp_dist, token[:, None], axis=-1)[:, 0]
         live = ~done
@@ -319,7 +340,7 @@ DEFAULT_CHUNK_SIZE = 128
 
 
 def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array, plain: bool, temperature: Any,
-                    top_k: int | None, top_p: Any, chunk_size: int, want_entropy: bool
+                    top_k: int | None, top_p: Any, suppress: tuple[int, ...], chunk_size: int, want_entropy: bool
                     ) -> tuple[jax.Array, jax.Array | None]:
     """Log-prob of each target and entropy per position from hidden [B, N, H], `chunk_size`
     positions at a time: only one chunk's [B, chunk, V] float32 logits exist at once, and the
@@ -335,7 +356,7 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
 
     @jax.checkpoint
     def score(params, temperature, top_p, h_c, t_c):
-        logp = _log_dist(lm.head(params, h_c), plain, temperature, top_k, top_p)
+        logp = _log_dist(lm.head(params, h_c), plain, temperature, top_k, top_p, suppress)
         picked = jnp.take_along_axis(logp, t_c[..., None], axis=-1)[..., 0]
         return picked, (_entropy(logp) if want_entropy else None)
 
@@ -345,17 +366,17 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
 
 
 def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, lora: Any,
-                         plain: bool, temperature: Any, top_k: int | None, top_p: Any,
+                         plain: bool, temperature: Any, top_k: int | None, top_p: Any, suppress: tuple[int, ...],
                          chunk_size: int, want_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
     positions = _positions(attention_mask)
     if _split(lm):
         kw = {} if lora is None else {"lora": lora}
         hidden, _ = lm.hidden_and_cache(params, input_ids, attention_mask, positions=positions, **kw)
         picked, entropy = _chunked_scores(lm, params, hidden[:, :-1], input_ids[:, 1:], plain, temperature, top_k,
-                                          top_p, chunk_size, want_entropy)
+                                          top_p, suppress, chunk_size, want_entropy)
     else:  # a model with only `forward`: full logits
         logits, _ = _call(lm, params, input_ids, attention_mask, lora, positions=positions)
-        logp = _log_dist(logits[:, :-1], plain, temperature, top_k, top_p)
+        logp = _log_dist(logits[:, :-1], plain, temperature, top_k, top_p, suppress)
         picked = jnp.take_along_axis(logp, input_ids[:, 1:, None], axis=-1)[..., 0]
         entropy = _entropy(logp) if want_entropy else None
     # Entry j is a real prediction only when both its context token j and its target j+1 are real
@@ -367,8 +388,8 @@ def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_m
 
 def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lora: Any = None, *,
                    temperature: jax.Array | float = 1.0, top_k: int | None = None,
-                   top_p: jax.Array | float | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                   return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                   top_p: jax.Array | float | None = None, suppress_tokens: Sequence[int] = (),
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1] (+ entropy [B, T-1]).
 
     Entry j scores token input_ids[:, j + 1]; it is 0 unless tokens j and j + 1 both have
@@ -379,7 +400,8 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     (the defaults, temperature 1 and no filtering, are the model's own; a concrete temperature 0
     means greedy, whose sampler log-probs are also the model's own). So for the params that
     sampled, these equal `GenerateOutput.logprobs` at the completion positions: the importance
-    ratio starts at exactly 1. A target outside the top-k/top-p set scores -inf. `temperature` and
+    ratio starts at exactly 1 (pass the sampler's `suppress_tokens` too). A target outside the
+    top-k/top-p set, or suppressed, scores -inf. `temperature` and
     `top_p` may be traced. `return_entropy=True` adds the entropy of that distribution per position
     (0 where the entry is 0).
 
@@ -393,7 +415,7 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     ids = jnp.asarray(input_ids, jnp.int32)
     mask = jnp.asarray(attention_mask, jnp.int32)
     logp, entropy = _token_logprobs_impl(lm, params, ids, mask, lora, plain, temperature, top_k, top_p,
-                                         int(chunk_size), bool(return_entropy))
+                                         _suppress_tuple(suppress_tokens), int(chunk_size), bool(return_entropy))
     return (logp, entropy) if return_entropy else logp
 
 

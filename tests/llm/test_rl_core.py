@@ -54,6 +54,16 @@ def test_importance_ratio_is_one_at_temperature_and_top_p(lm):
     assert np.abs(plain - lp).max() > 1e-2  # the settings matter: the model's own log-probs differ
 
 
+def test_suppressed_tokens_are_never_sampled_and_score_alike(lm):
+    suppress = tuple(range(1, 12))
+    out = jax.jit(lambda p, k: sample_tokens(lm, p, IDS, MASK, k, max_new_tokens=N, temperature=1.5, top_k=20,
+                                             suppress_tokens=suppress))(lm.params, jax.random.key(4))
+    assert not np.isin(np.asarray(out.tokens), suppress).any()
+    ids, mask = _full(out)
+    lp = token_logprobs(lm, lm.params, ids, mask, temperature=1.5, top_k=20, suppress_tokens=suppress)
+    np.testing.assert_allclose(np.asarray(lp)[:, -N:], np.asarray(out.logprobs), atol=1e-5, rtol=0)
+
+
 def test_greedy_logprobs_are_the_models_own(lm):
     out = sampling.generate(lm, lm.params, IDS, MASK, key=jax.random.key(0), max_new_tokens=N, temperature=0.0,
                             buckets=[IDS.shape[1]])
