@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import torch  # noqa: F401  (the test extra installs it; a missing one must fail, not skip)
+import transformers
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm import decoder as llm
 from jaxrl_hier.llm import memory
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 TINY = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
@@ -107,7 +107,6 @@ def test_capacity_verdict_and_bad_input():
 
 def test_figures_match_real_jax_arrays():
     """Parameter and cache bytes equal the nbytes of our own init_params / init_cache."""
-    llm = pytest.importorskip("jaxrl_hier.llm.decoder")
     import jax
     import jax.numpy as jnp
 
