@@ -251,6 +251,7 @@ def load_params(path: str | os.PathLike, config: ModelConfig, *, dtype: Any = jn
     """Read the weights of `path` into our tree (sharded over `mesh`); returns (params, name prefix)."""
     from safetensors import safe_open
 
+    sharding.check_mesh(mesh)
     root = Path(path)
     files = _weight_files(root)
     prefix = _detect_prefix(config, files)
@@ -305,6 +306,7 @@ def load_pretrained(path: str | os.PathLike, *, dtype: Any = jnp.float32,
     """
     import transformers
 
+    sharding.check_mesh(mesh)  # an Explicit-axes mesh is refused here, not at the first forward
     root = _check_dir(path)
     _read_model_type(root)
     hf_config = transformers.AutoConfig.from_pretrained(str(root), local_files_only=True)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm import decoder, encoder
+from jaxrl_hier.llm import decoder, encoder, sharding
 from jaxrl_hier.llm.decoder import KVCache
 from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm.model_config import ModelConfig
@@ -31,7 +31,7 @@ class _Model:
         self.params = params
         self.hf_config = hf_config
         self.tokenizer = tokenizer
-        self.mesh = mesh
+        self.mesh = sharding.check_mesh(mesh)
         self.weight_prefix = weight_prefix  # the checkpoint's name prefix ("model.", "roberta.", ...)
 
     @property

@@ -63,6 +63,27 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
     return jax.make_mesh(tuple(sizes), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
 
 
+def check_mesh(mesh: Mesh | None) -> Mesh | None:
+    """Refuse a mesh with Explicit axes (plain `jax.make_mesh`'s default in this JAX): the model
+    places and constrains arrays in Auto mode (with_sharding_constraint), which Explicit axes reject
+    at the first gather deep inside a forward. Returns the mesh unchanged when it is usable."""
+    if mesh is None:
+        return None
+    if not isinstance(mesh, Mesh):
+        raise ConfigError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}; build one with "
+                          "jaxrl_hier.llm.make_mesh(data=, fsdp=, tensor=).")
+    auto = jax.sharding.AxisType.Auto
+    explicit = [name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind != auto]
+    if explicit:
+        names = ", ".join(repr(n) for n in mesh.axis_names)
+        raise ConfigError(
+            f"mesh axes {', '.join(repr(n) for n in explicit)} are not Auto (jax.make_mesh makes Explicit axes by "
+            f"default); the LLM models need Auto axes: build the "
+            f"mesh with jaxrl_hier.llm.make_mesh(data=, fsdp=, tensor=) or jax.make_mesh(shape, ({names},), "
+            f"axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axis_names)}).")
+    return mesh
+
+
 def path_str(path: tuple[Any, ...]) -> str:
     """'layers/q_proj/kernel' for a jax.tree_util key path."""
     parts = []
@@ -97,6 +118,7 @@ def spec_for(path: str, shape: Sequence[int], mesh: Mesh) -> P:
 
 def param_shardings(tree: Any, mesh: Mesh) -> Any:
     """A NamedSharding for every leaf of a parameter (or LoRA) tree of arrays or ShapeDtypeStructs."""
+    check_mesh(mesh)
     return jax.tree_util.tree_map_with_path(
         lambda path, leaf: NamedSharding(mesh, spec_for(path_str(path), leaf.shape, mesh)), tree)
 
