@@ -163,7 +163,7 @@ def overlong_penalty(length: Any, max_len: int, buffer: int, penalty: float, xp:
     calls it with jax.numpy, so both sides share one formula)."""
     start = max_len - buffer
     ramp = (length - start) / max(buffer, 1)
-    return -penalty * xp.clip(ramp, 0.0, 1.0)
+    return 0.0 - penalty * xp.clip(ramp, 0.0, 1.0)  # 0.0 - x: no -0.0 in logs
 
 
 def length_penalty(max_len: int, buffer: int | None = None, penalty: float = 1.0,

@@ -3,11 +3,10 @@
 They implement exactly the answer-line rule of `answers.extract_answer` (first "####", spaces,
 optional sign, digits with ignored commas, optional ".digits", trailing text ignored, exact
 decimal comparison) on token ids, for tokenizers that write each digit as one token (the char
-tokenizer; also Qwen2/Qwen3 and Llama-2/Mistral, not GPT-2 or Llama-3: `answer_token_spec`
-refuses those). "-", "+", ",", "." and " " count only as single-character tokens; any other
-token (EOS, other specials, multi-character tokens) ends a number. The text seen must decode
-one token at a time (true for the char tokenizer, where the agreement with the Python rewards is
-tested).
+tokenizer, where the agreement with the Python rewards is tested; `answer_token_spec` refuses
+tokenizers that merge digits, such as GPT-2's and Llama-3's). Tokens made only of spaces are
+spaces, a sign may carry the spaces before it (" -"), "," and "." count only alone; any other
+token (EOS, other specials, multi-character tokens) ends a number.
 
 Inputs, per batch of B completions of length L:
   tokens     int32 [B, L]  completion ids
@@ -54,9 +53,30 @@ class AnswerTokenSpec(NamedTuple):
     eos_id: jax.Array
 
 
+def _kind_of(text: str) -> tuple[int, int]:
+    """(kind, digit value) of one token's text."""
+    if len(text) == 1 and text in "0123456789":
+        return DIGIT, int(text)
+    stripped = text.lstrip(" ")
+    if text and not stripped:
+        return SPACE, -1  # any run of spaces
+    if stripped in ("-", "+") or text in (",", "."):
+        # a sign may carry the spaces before it (BPE merges " -"); "," and "." only alone
+        return _KIND_OF_TEXT[stripped], -1
+    return OTHER, -1
+
+
+# Probes that must tokenize into the kinds the on-device parser reads (spaces collapsed).
+_PROBES = ((" -1234567890.5", [MINUS] + [DIGIT] * 10 + [DOT, DIGIT]),
+           (" 1,234 x", [DIGIT, COMMA, DIGIT, DIGIT, DIGIT]))
+
+
 def answer_token_spec(tokenizer: Any, marker: str = MARKER) -> AnswerTokenSpec:
-    """Build the spec from a Hugging Face tokenizer; ConfigError if it has no EOS, does not write
-    each digit as one token, or cannot encode the marker."""
+    """Build the spec from a Hugging Face tokenizer.
+
+    ConfigError if it has no EOS, cannot encode the marker reversibly, or does not write an
+    answer line ("1\n#### -1234567890.5", "1\n#### 1,234") as the marker's ids followed by one
+    token per digit, sign, comma and dot (GPT-2 and Llama-3 merge digits, for instance)."""
     if tokenizer.eos_token_id is None:
         raise ConfigError("answer_token_spec: the tokenizer has no eos_token; set one.")
     size = len(tokenizer)
@@ -66,28 +86,21 @@ def answer_token_spec(tokenizer: Any, marker: str = MARKER) -> AnswerTokenSpec:
     kind = np.full(size + 1, OTHER, np.int32)
     digit = np.full(size + 1, -1, np.int32)
     for i, text in enumerate(texts):
-        if i in special:
-            continue
-        if len(text) == 1 and text in "0123456789":
-            kind[i], digit[i] = DIGIT, int(text)
-        elif text in _KIND_OF_TEXT:
-            kind[i] = _KIND_OF_TEXT[text]
-    missing = sorted(set("0123456789") - {texts[i] for i in np.flatnonzero(kind == DIGIT)})
-    if missing:
-        raise ConfigError(f"answer_token_spec: the tokenizer has no single-token digits {missing}; "
-                          "the on-device rewards need one token per digit (use the Python rewards).")
+        if i not in special:
+            kind[i], digit[i] = _kind_of(text)
     marker_ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
     if not marker_ids or tokenizer.decode(marker_ids) != marker:
         raise ConfigError(f"answer_token_spec: the tokenizer does not encode {marker!r} reversibly.")
-    # In context, numbers must still come out one token per digit (GPT-2 and Llama-3 merge digits)
-    # and the marker at the start of a line must keep its ids.
-    probe = tokenizer(f"1\n{marker} -1234567890.5", add_special_tokens=False)["input_ids"]
-    if sum(kind[i] == DIGIT for i in probe if 0 <= i < size) != 12:
-        raise ConfigError("answer_token_spec: the tokenizer merges digits into multi-digit tokens; the "
-                          "on-device rewards need one token per digit (use the Python rewards).")
-    if not any(probe[k:k + len(marker_ids)] == marker_ids for k in range(len(probe))):
-        raise ConfigError(f"answer_token_spec: {marker!r} at the start of a line does not encode as "
-                          f"{marker_ids}; the on-device rewards cannot find the answer line.")
+    for line, expected in _PROBES:
+        ids = tokenizer(f"1\n{marker}{line}", add_special_tokens=False)["input_ids"]
+        at = [k for k in range(len(ids)) if ids[k:k + len(marker_ids)] == marker_ids]
+        kinds = [int(kind[i]) if 0 <= i < size else OTHER for i in ids[at[0] + len(marker_ids):]] if at else []
+        while kinds and kinds[0] == SPACE:
+            kinds.pop(0)
+        if kinds[:len(expected)] != expected:
+            raise ConfigError(f"answer_token_spec: the tokenizer does not write the answer line {marker + line!r} "
+                              "as the marker's ids and one token per digit, sign, comma and dot (it merges "
+                              "digits, or the marker, with neighbours); use the Python rewards.")
     return AnswerTokenSpec(jnp.asarray(kind), jnp.asarray(digit), jnp.asarray(marker_ids, jnp.int32),
                            jnp.asarray(tokenizer.eos_token_id, jnp.int32))
 

@@ -145,7 +145,7 @@ def test_encode_answers_and_spec_errors(tok):
         jr.encode_answers(tok, ["12345"], width=3)
     with pytest.raises(ConfigError, match="not a number"):
         jr.encode_answers(tok, ["twelve"])
-    with pytest.raises(ConfigError, match="digits"):
+    with pytest.raises(ConfigError, match="one token per digit"):
         jr.answer_token_spec(build_char_tokenizer("0123#- "))
 
 
@@ -158,5 +158,22 @@ def test_spec_refuses_tokenizers_that_merge_digits():
     core.pre_tokenizer = pre_tokenizers.Whitespace()  # "1234567890" becomes one (unknown) token
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]",
                                                 eos_token="[EOS]")
-    with pytest.raises(ConfigError, match="merges digits"):
+    with pytest.raises(ConfigError, match="one token per digit"):
         jr.answer_token_spec(fast)
+
+
+def test_spec_accepts_sign_tokens_that_carry_a_space():
+    """BPE tokenizers (Qwen's) write " -5" as " -", "5": the sign keeps the space before it."""
+    import transformers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", " -", "  ", *"0123456789#-+., \nx"])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r" -|  |[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>",
+                                                unk_token="<unk>")
+    spec = jr.answer_token_spec(fast)
+    assert fast("#### -5", add_special_tokens=False)["input_ids"][4] == vocab[" -"]
+    assert spec.kind[vocab[" -"]] == jr.MINUS and spec.kind[vocab["  "]] == jr.SPACE
+    assert spec.kind[vocab["7"]] == jr.DIGIT and spec.digit[vocab["7"]] == 7 and spec.kind[vocab["x"]] == jr.OTHER
