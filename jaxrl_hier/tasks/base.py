@@ -222,7 +222,8 @@ class CombinedReward:
             raise ConfigError(f"CombinedReward: weights must be finite numbers, got {weights}.")
         self.funcs, self.weights, self.names = funcs, weights, names
 
-    def __call__(self, problems: Sequence[Problem], completions: Sequence[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def __call__(self, problems: Sequence[Problem],
+                 completions: Sequence[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         _check_batch(problems, completions)
         total = np.zeros(len(completions), np.float32)
         per_fn: dict[str, np.ndarray] = {}

@@ -20,7 +20,6 @@ import json
 import re
 from pathlib import Path
 
-import numpy as np
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, answers_equal, extract_answer
