@@ -87,12 +87,12 @@ def test_chunked_scores_equal_full_logits_with_gradients_and_entropy(lm):
     def chunked(params):  # 11 positions in chunks of 4: the last chunk is padded
         return token_logprobs(lm, params, ids, mask, temperature=0.8, top_p=0.9, chunk_size=4, return_entropy=True)
 
-    (lp_r, ent_r), (lp_c, ent_c) = reference(lm.params), jax.jit(chunked)(lm.params)
+    (lp_r, ent_r), (lp_c, ent_c) = jax.jit(reference)(lm.params), jax.jit(chunked)(lm.params)
     np.testing.assert_allclose(np.asarray(lp_c), np.asarray(lp_r), atol=1e-5)
     np.testing.assert_allclose(np.asarray(ent_c), np.asarray(ent_r), atol=1e-5)
     assert np.all(np.asarray(ent_c)[valid] > 0) and np.all(np.asarray(ent_c)[~valid] == 0)
     finite = lambda lp: jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0))  # noqa: E731
-    g_r = jax.grad(lambda p: finite(reference(p)[0]))(lm.params)
+    g_r = jax.jit(jax.grad(lambda p: finite(reference(p)[0])))(lm.params)
     g_c = jax.jit(jax.grad(lambda p: finite(chunked(p)[0])))(lm.params)
     for a, b in zip(jax.tree_util.tree_leaves(g_r), jax.tree_util.tree_leaves(g_c)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
@@ -103,7 +103,7 @@ def test_sample_tokens_inside_jit_vmap_and_scan_equals_direct_call(lm, sample_fn
     keys = jax.random.split(jax.random.key(7), 2)
     temps, top_ps = jnp.array([0.7, 1.3]), jnp.array([0.9, 1.0])
     ids2, mask2 = jnp.stack([IDS, IDS[::-1]]), jnp.stack([MASK, MASK[::-1]])
-    direct = [sample_fn(lm.params, ids2[i], mask2[i], keys[i], temps[i], top_ps[i]) for i in range(2)]
+    direct = [jax.jit(sample_fn)(lm.params, ids2[i], mask2[i], keys[i], temps[i], top_ps[i]) for i in range(2)]
     vmapped = jax.jit(jax.vmap(sample_fn, in_axes=(None, 0, 0, 0, 0, 0)))(lm.params, ids2, mask2, keys, temps, top_ps)
 
     def body(carry, xs):
@@ -119,7 +119,7 @@ def test_sample_tokens_inside_jit_vmap_and_scan_equals_direct_call(lm, sample_fn
 
 
 def test_hidden_is_the_final_norm_state_at_each_generated_position(lm, sample_fn):
-    out = jax.jit(sample_fn)(lm.params, IDS, MASK, jax.random.key(1), 1.0, None)
+    out = jax.jit(sample_fn)(lm.params, IDS, MASK, jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0))
     assert out.hidden.shape == (2, N, 32)
     ids, mask = _full(out)
     full = lm.hidden_states(lm.params, jnp.asarray(ids), jnp.asarray(mask))
@@ -133,3 +133,19 @@ def test_bad_settings_are_config_errors(lm):
         token_logprobs(lm, lm.params, IDS, MASK, top_p=0.0)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         sample_tokens(lm, lm.params, IDS, MASK, jax.random.key(0), max_new_tokens=0)
+
+
+def test_explicit_axes_mesh_is_refused_at_load_and_auto_mesh_works(lm, tmp_path):
+    from jaxrl_hier.llm import load_pretrained, make_mesh, save_pretrained
+    from jaxrl_hier.llm.sharding import AXES
+
+    explicit = jax.make_mesh((1, 1, 1), AXES)  # Explicit axes by default in this JAX
+    assert jax.sharding.AxisType.Explicit in explicit.axis_types
+    save_pretrained(lm, lm.params, tmp_path)
+    for load in (lambda: load_pretrained(tmp_path, mesh=explicit),
+                 lambda: LanguageModel.random(lm.hf_config, jax.random.key(0), mesh=explicit)):
+        with pytest.raises(ConfigError, match=r"jaxrl_hier\.llm\.make_mesh.*AxisType\.Auto"):
+            load()
+    auto = load_pretrained(tmp_path, mesh=make_mesh())
+    np.testing.assert_allclose(np.asarray(auto.logits(auto.params, IDS, MASK)),
+                               np.asarray(lm.logits(lm.params, IDS, MASK)), atol=1e-5)
