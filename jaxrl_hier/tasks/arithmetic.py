@@ -14,8 +14,7 @@ whatever the seeds.
 from __future__ import annotations
 
 import dataclasses
-
-import numpy as np
+import random
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import answers_equal, extract_answer
@@ -77,9 +76,9 @@ class ArithmeticTask:
         return Problem(prompt=f"{expression}=", answer=answer, target=target,
                        meta={"expression": expression})
 
-    def _draw(self, rng: np.random.Generator) -> Problem:
-        operands = [int(x) for x in rng.integers(0, 10**self.digits, self.steps + 1)]
-        ops = [self.operators[i] for i in rng.integers(0, len(self.operators), self.steps)]
+    def _draw(self, rng: random.Random) -> Problem:
+        operands = [rng.randrange(10**self.digits) for _ in range(self.steps + 1)]
+        ops = [rng.choice(self.operators) for _ in range(self.steps)]
         return self.make_problem(operands, ops)
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-
-import numpy as np
+import random
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, answers_equal, extract_answer
@@ -74,15 +73,15 @@ class CountdownTask:
         return Problem(prompt=prompt, answer=str(target), target=f"{expression}\n{MARKER} {target}",
                        meta={"numbers": tuple(numbers), "target": target})
 
-    def _draw(self, rng: np.random.Generator) -> Problem:
+    def _draw(self, rng: random.Random) -> Problem:
         for _ in range(1000):
-            numbers = [int(x) for x in rng.integers(1, self.max_value + 1, self.count)]
+            numbers = [rng.randint(1, self.max_value) for _ in range(self.count)]
             items = [(v, str(v), _ATOM) for v in numbers]
             while len(items) > 1:
-                i, j = (int(k) for k in rng.choice(len(items), 2, replace=False))
+                i, j = rng.sample(range(len(items)), 2)
                 # try the operators in a random order; + always works on positive numbers
-                for op in rng.permutation(list("+-*/")):
-                    merged = _combine(items[i], str(op), items[j])
+                for op in rng.sample("+-*/", 4):
+                    merged = _combine(items[i], op, items[j])
                     if merged is not None:
                         break
                 items = [x for k, x in enumerate(items) if k not in (i, j)] + [merged]

@@ -118,7 +118,9 @@ class GSM8KTask:
         rng = split_rng(seed, split, self.name)
         order: list[int] = []
         while len(order) < n:
-            order.extend(int(i) for i in rng.permutation(len(pool)))
+            epoch = list(range(len(pool)))
+            rng.shuffle(epoch)
+            order.extend(epoch)
         return [pool[i] for i in order[:n]]
 
     def is_well_formed(self, problem: Problem, completion: str) -> bool:
