@@ -1,10 +1,11 @@
-"""Actor-critic networks: output shapes and the pixel CNN."""
+"""Actor-critic networks: output shapes, the pixel CNN, action masks, and the GRU's resets."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jaxrl_hier.networks import make_network
+from jaxrl_hier.networks import MASKED_LOGIT, ScannedGRU, make_network
 
 
 @pytest.mark.parametrize("kind, obs_shape", [("mlp", (5, 12)), ("cnn", (5, 33, 27, 3))])
@@ -23,3 +24,53 @@ def test_actor_critic_outputs(kind, obs_shape):
 def test_unknown_network():
     with pytest.raises(ValueError, match="unknown network 'rnn'"):
         make_network("rnn", 3, 8, 1, "tanh")
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gru"])
+def test_action_mask_pushes_masked_logits_down(kind):
+    net = make_network(kind, num_actions=4, hidden_size=16, num_layers=1, activation="tanh")
+    x = jax.random.uniform(jax.random.PRNGKey(0), (3, 5))
+    mask = jnp.array([[True, False, True, True], [False, False, False, True], [True] * 4])
+    recurrent = kind == "gru"
+
+    def run(params, obs):  # (logits, value); the GRU sees the batch as one time step
+        if not recurrent:
+            pi, value = net.apply(params, obs)
+            return pi, value
+        _, pi, value = net.apply(params, net.initialize_carry((3,)), jax.tree.map(lambda a: a[None], obs),
+                                 jnp.zeros((1, 3), bool))
+        return pi, value[0]
+
+    init_args = (net.initialize_carry((3,)), x[None], jnp.zeros((1, 3), bool)) if recurrent else (x,)
+    params = net.init(jax.random.PRNGKey(1), *init_args)
+    pi_plain, v_plain = run(params, x)
+    pi, value = run(params, {"obs": x, "action_mask": mask})
+    logits, probs = pi.logits.reshape(3, 4), pi.probs.reshape(3, 4)  # distrax's logits are log-probabilities
+    # Masked actions: a large finite negative logit (not -inf, which makes the entropy NaN), probability 0.
+    assert jnp.isfinite(logits).all() and (logits[~mask] < MASKED_LOGIT / 2).all() and (probs[~mask] == 0).all()
+    assert jnp.isfinite(pi.entropy()).all()
+    # Legal actions keep their relative probabilities: the network read obs["obs"] as it reads x.
+    legal = pi_plain.probs.reshape(3, 4) * mask
+    np.testing.assert_allclose(probs, legal / legal.sum(-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(probs[1], [0, 0, 0, 1])  # one legal action left
+    np.testing.assert_array_equal(value, v_plain)  # the mask only touches the policy
+
+
+def test_gru_resets_hidden_where_an_episode_starts():
+    gru = ScannedGRU(8)
+    x = jax.random.normal(jax.random.PRNGKey(0), (6, 2, 3))  # [T, B, features]
+    h0 = jax.random.normal(jax.random.PRNGKey(1), (2, 8))
+    no_reset = jnp.zeros((6, 2), bool)
+    params = gru.init(jax.random.PRNGKey(2), h0, (x, no_reset))
+    _, full = gru.apply(params, h0, (x, no_reset))
+    # Carrying the hidden state across two calls is the same as one call over the whole sequence.
+    h_mid, first = gru.apply(params, h0, (x[:3], no_reset[:3]))
+    _, second = gru.apply(params, h_mid, (x[3:], no_reset[3:]))
+    np.testing.assert_allclose(jnp.concatenate([first, second]), full, rtol=1e-6, atol=1e-6)
+    # A reset at t=3 in env 0: from there env 0 runs as from a zero state, env 1 is untouched.
+    reset = no_reset.at[3, 0].set(True)
+    _, out = gru.apply(params, h0, (x, reset))
+    _, fresh = gru.apply(params, jnp.zeros((2, 8)), (x[3:], no_reset[3:]))
+    np.testing.assert_allclose(out[3:, 0], fresh[:, 0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out[:, 1], full[:, 1])
+    assert not np.allclose(out[3:, 0], full[3:, 0])

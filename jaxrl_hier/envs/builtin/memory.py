@@ -23,7 +23,7 @@ from jaxrl_hier.envs.spaces import Box, Discrete
 
 @struct.dataclass
 class MemoryCueParams:
-    num_cues: int = struct.field(pytree_node=False, default=2)  # fixes the obs and action shapes
+    num_cues: int = struct.field(pytree_node=False, default=3)  # fixes the obs and action shapes
     delay: int = 4  # blank steps between the cue and the answer step
 
     def __post_init__(self):
