@@ -1,0 +1,554 @@
+"""GRPO step time against TRL and Tunix: generation + rewards + one update, same checkpoint, same prompts.
+
+The checkpoint is a tiny Qwen2-shaped model made here with transformers (hidden 256, 4 layers, 4 heads,
+2 KV heads, intermediate 704, tied embeddings, the 57-token character vocabulary of
+`jaxrl_hier.tasks.tokenizer`: 2.97M parameters, float32), saved with `save_pretrained` beside the tokenizer.
+Every system reads that directory. One step: 8 prompts x 4 generations, exactly 32 new tokens each
+(pad/bos/eos/unk suppressed while sampling, so no completion stops early), temperature 1.0 with no top-k or
+top-p, the shared Python reward `digit_fraction` (fraction of digit characters in the completion), group
+advantages, one AdamW update (lr 1e-5, no weight decay, gradient clip 1.0), loss "grpo" (sequence mean of
+token means), KL to the reference by the k3 estimator when beta > 0 (no reference model at beta 0).
+
+Systems (`--systems`): `trl` (TRL `GRPOTrainer`, PyTorch on the CPU), `tunix` (Tunix `GRPOLearner`,
+JAX, actor/rollout/reference on one `tunix.utils.mesh.create_mesh` mesh, co-located: no weight copy),
+`ours` and `split` (jaxrl_hier's GRPO; `bench_ours` / `bench_split`, filled by the lead).
+
+Method: each (system, beta) runs in its own subprocess of this script (`--worker`), so that peak memory is
+that system's alone and each framework keeps its own thread settings (torch: `set_num_threads(--threads)`;
+the JAX systems: the same environment and XLA flags). In a worker: start-up (imports, model load, trainer
+construction) is timed apart; then warmup + steps + 1 steps run in one training call; a step's time is the
+interval between the starts of consecutive steps (everything the framework does per step: sampling,
+rewards, reference and policy log-probs, the update, its bookkeeping), the first `--warmup` intervals
+(compilation included) are reported apart and the last step only closes the last interval. Peak memory is
+the worker's RSS high-water mark (`resource.getrusage(RUSAGE_SELF).ru_maxrss`): framework, model, optimiser
+and compiled programs together. Completion tokens/s = 8 * 4 * 32 / median step. Each worker checks that
+every completion the reward saw had exactly 32 characters (one token each) and that each step scored 32.
+
+Writes OUT/grpo.json (device, versions, settings, notes, a record per system and beta), OUT/grpo.md (the
+table) and OUT/grpo.png (median step time per system and beta, min-max as error bars). Peers need
+`pip install -e ".[bench]"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from jaxrl_hier.config import ConfigError  # noqa: E402
+from jaxrl_hier.io import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
+
+SYSTEMS = ("trl", "tunix", "ours", "split")
+NUM_GENERATIONS = 4
+NEW_TOKENS = 32
+TEMPERATURE = 1.0
+LEARNING_RATE = 1e-5
+MAX_GRAD_NORM = 1.0
+SEED = 0
+# 8 arithmetic-like prompts of one length (11 characters), so no system pads one prompt more than another.
+PROMPTS = ("12+34*5-67=", "90-12*3+45=", "7*8+91-234=", "45+67-8*90=",
+           "13*2+46-75=", "88-9*10+16=", "5+6*7-89+0=", "31-4*15+92=")
+MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every system is asked to do; recorded in grpo.json."""
+
+    prompts: tuple[str, ...] = PROMPTS
+    num_generations: int = NUM_GENERATIONS
+    new_tokens: int = NEW_TOKENS
+    temperature: float = TEMPERATURE
+    learning_rate: float = LEARNING_RATE
+    max_grad_norm: float = MAX_GRAD_NORM
+    seed: int = SEED
+    threads: int = 2
+
+    @property
+    def tokens_per_step(self) -> int:
+        return len(self.prompts) * self.num_generations * self.new_tokens
+
+
+def digit_fraction(completion: str) -> float:
+    """The shared reward: the fraction of digit characters in a completion (cheap and deterministic)."""
+    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+class RewardLog:
+    """The reward function every system calls (TRL's and Tunix's signature: prompts, completions,
+    **kwargs -> list of floats); it keeps each call's completion lengths, so the worker can check that
+    every system generated the same amount."""
+
+    __name__ = "digit_fraction"  # TRL names its reward metrics after the function
+
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+
+    def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
+        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+        self.calls.append([len(t) for t in texts])
+        return [digit_fraction(t) for t in texts]
+
+
+# --- the checkpoint ---------------------------------------------------------------------------------
+
+
+def make_checkpoint(directory: Path, seed: int = SEED) -> dict:
+    """Save the tiny Qwen2 model (random weights from `torch.manual_seed(seed)`) and the character
+    tokenizer into `directory`; returns its shape and parameter count."""
+    import torch
+    import transformers
+
+    from jaxrl_hier.llm_rl.model_setup import tiny_qwen2_config
+    from jaxrl_hier.tasks.tokenizer import build_char_tokenizer, save_tokenizer
+
+    tok = build_char_tokenizer()
+    config = tiny_qwen2_config(len(tok), hidden_size=MODEL["hidden_size"], num_layers=MODEL["num_layers"],
+                               num_heads=MODEL["num_heads"], num_kv_heads=MODEL["num_kv_heads"],
+                               intermediate_size=MODEL["intermediate_size"], max_positions=128,
+                               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                               eos_token_id=tok.eos_token_id)
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(config).float()
+    # save_pretrained writes in place; a temporary sibling renamed over `directory` keeps it whole.
+    with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        for src in Path(tmp).iterdir():
+            atomic_write_bytes(directory / src.name, src.read_bytes())
+    save_tokenizer(tok, directory)
+    return dict(MODEL, vocab_size=len(tok), params=sum(p.numel() for p in model.parameters()),
+                tied_embeddings=True, dtype="float32")
+
+
+def special_ids(tokenizer: Any) -> list[int]:
+    """Token ids no system may sample (pad, bos, eos, unk): every completion then runs to NEW_TOKENS."""
+    return sorted({i for i in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
+                               tokenizer.unk_token_id) if i is not None})
+
+
+def clock() -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process, all threads): a step start."""
+    return time.perf_counter(), time.process_time()
+
+
+def step_intervals(starts: list[tuple[float, float]], warmup: int, steps: int) -> dict:
+    """Warm-up and timed step seconds (wall, and CPU of the process) from the `clock()` readings taken at
+    the starts of warmup + steps + 1 steps."""
+    if len(starts) < warmup + steps + 1:
+        raise RuntimeError(f"expected {warmup + steps + 1} step starts, saw {len(starts)}")
+    wall = [b[0] - a[0] for a, b in zip(starts, starts[1:])]
+    cpu = [b[1] - a[1] for a, b in zip(starts, starts[1:])]
+    return dict(warmup_step_s=wall[:warmup], step_s=wall[warmup:warmup + steps],
+                step_cpu_s=cpu[warmup:warmup + steps])
+
+
+# --- TRL ------------------------------------------------------------------------------------------
+
+
+def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
+              warmup: int, settings: Settings = Settings()) -> dict:
+    """TRL GRPOTrainer, PyTorch on the CPU, one optimiser step per generation batch."""
+    t0 = time.perf_counter()
+    import datasets
+    import torch
+    import transformers
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(settings.threads)
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt_dir)
+    # The Tunix sampler puts BOS before every prompt; the same text here gives TRL the same token ids.
+    data = datasets.Dataset.from_dict({"prompt": [tok.bos_token + p for p in prompts]})
+    batch = len(prompts) * settings.num_generations
+    out_dir = tempfile.mkdtemp(prefix="trl-grpo-")
+    args = GRPOConfig(
+        output_dir=out_dir, max_steps=warmup + steps + 1, per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1, num_generations=settings.num_generations, num_iterations=1,
+        max_completion_length=settings.new_tokens, temperature=settings.temperature, top_p=1.0, top_k=0,
+        generation_kwargs={"suppress_tokens": special_ids(tok), "min_new_tokens": settings.new_tokens},
+        beta=beta, loss_type="grpo", scale_rewards="group", learning_rate=settings.learning_rate,
+        weight_decay=0.0, max_grad_norm=settings.max_grad_norm, lr_scheduler_type="constant",
+        warmup_steps=0, optim="adamw_torch", use_vllm=False, bf16=False, fp16=False,
+        gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
+        use_cpu=True, report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
+        shuffle_dataset=False, dataloader_num_workers=0, seed=settings.seed,
+        model_init_kwargs={"dtype": torch.float32})
+
+    starts: list[tuple[float, float]] = []
+
+    class StepClock(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            starts.append(clock())
+
+    trainer = GRPOTrainer(model=str(ckpt_dir), reward_funcs=reward_fn, args=args, train_dataset=data,
+                          processing_class=tok, callbacks=[StepClock()])
+    startup = time.perf_counter() - t0
+    trainer.train()
+    return dict(startup_s=startup, **step_intervals(starts, warmup, steps),
+                versions={k: metadata.version(k) for k in ("trl", "torch", "transformers", "accelerate")},
+                threads=torch.get_num_threads(), ref_model=trainer.ref_model is not None)
+
+
+# --- Tunix ----------------------------------------------------------------------------------------
+
+
+def bench_tunix(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
+                warmup: int, settings: Settings = Settings()) -> dict:
+    """Tunix GRPOLearner: actor, rollout and reference on one mesh (co-located, shared actor/rollout model)."""
+    t0 = time.perf_counter()
+    import jax
+    import numpy as np
+    import optax
+    import transformers
+    from tunix.models.qwen2 import model as qwen2_lib
+    from tunix.models.qwen2 import params as qwen2_params
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.grpo import grpo_learner
+    from tunix.rl.rollout import base_rollout, vanilla_rollout
+    from tunix.utils.mesh import create_mesh
+
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt_dir)
+    hf = transformers.AutoConfig.from_pretrained(ckpt_dir)
+    config = qwen2_lib.ModelConfig(
+        num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size, embed_dim=hf.hidden_size,
+        hidden_dim=hf.intermediate_size, num_heads=hf.num_attention_heads,
+        head_dim=hf.hidden_size // hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
+        rope_theta=int(hf.rope_parameters["rope_theta"]), norm_eps=hf.rms_norm_eps,
+        use_tied_embedding=hf.tie_word_embeddings)
+    mesh = create_mesh((1, 1), ("fsdp", "tp"))
+    actor = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh)
+    reference = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh) if beta else None
+    forbidden = special_ids(tok)
+
+    class SuppressingRollout(vanilla_rollout.VanillaRollout):
+        """Tunix's vanilla rollout with the special tokens forbidden (its sampler takes `forbidden_tokens`,
+        the vanilla rollout does not pass any); the engine-class hook of ClusterConfig builds it."""
+
+        def __init__(self, rollout_actor, tokenizer, mesh, rollout_config):
+            cfg = rollout_actor.config
+            super().__init__(rollout_actor, tokenizer, base_rollout.CacheConfig(
+                cache_size=rollout_config.kv_cache_size, num_layers=cfg.num_layers,
+                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
+
+        def generate(self, prompts, rollout_config, **kwargs):
+            # Tunix hands over numpy str_ items (np.repeat of the batch), which transformers 5's
+            # tokenizers refuse; plain str are the same text.
+            out = self._sampler(
+                input_strings=[str(p) for p in prompts], max_generation_steps=rollout_config.max_tokens_to_generate,
+                max_prompt_length=rollout_config.max_prompt_length, echo=False,
+                temperature=rollout_config.temperature, top_p=rollout_config.top_p, top_k=rollout_config.top_k,
+                seed=rollout_config.seed, pad_output=False, eos_tokens=rollout_config.eos_tokens,
+                forbidden_tokens=forbidden)
+            return base_rollout.RolloutOutput(text=out.text, logits=out.logits, tokens=out.tokens,
+                                              left_padded_prompt_tokens=out.padded_prompt_tokens,
+                                              logprobs=out.logprobs)
+
+    prompt_len = 1 + max(len(tok.encode(p)) for p in prompts)  # the sampler adds BOS
+    optimizer = optax.chain(optax.clip_by_global_norm(settings.max_grad_norm),
+                            optax.adamw(settings.learning_rate, weight_decay=0.0))
+    roles = rl_cluster_lib.Role
+    cluster_config = rl_cluster_lib.ClusterConfig(
+        role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh},
+        rollout_engine=SuppressingRollout,
+        training_config=rl_cluster_lib.RLTrainingConfig(
+            actor_optimizer=optimizer, eval_every_n_steps=10**9, max_steps=warmup + steps + 1,
+            pbar_description=None),
+        rollout_config=base_rollout.RolloutConfig(
+            max_tokens_to_generate=settings.new_tokens, temperature=settings.temperature, top_p=1.0, top_k=None,
+            max_prompt_length=prompt_len, kv_cache_size=prompt_len + settings.new_tokens,
+            data_type=jax.numpy.float32))
+    cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tok,
+                                       cluster_config=cluster_config)
+    algo = grpo_learner.GRPOConfig(num_generations=settings.num_generations, num_iterations=1, beta=beta,
+                                   kl_loss_mode="low_var_kl",  # k3, as TRL (Tunix's default "kl" is logp - ref)
+                                   epsilon=0.2, loss_agg_mode="sequence-mean-token-mean")
+    learner = grpo_learner.GRPOLearner(rl_cluster=cluster, algo_config=algo, reward_fns=reward_fn)
+
+    starts: list[tuple[float, float]] = []
+    run_global_step = learner._run_global_step  # one GRPO step: Tunix has no per-step callback to hook
+
+    def timed_global_step(*a, **kw):
+        starts.append(clock())
+        return run_global_step(*a, **kw)
+
+    learner._run_global_step = timed_global_step
+
+    def batches():
+        while True:  # an array, not a list: Tunix repeats each leaf of the batch pytree G times
+            yield {"prompts": np.array(prompts)}
+
+    startup = time.perf_counter() - t0
+    learner.train(batches())
+    return dict(startup_s=startup, **step_intervals(starts, warmup, steps),
+                versions={k: metadata.version(k) for k in ("google-tunix", "jax", "jaxlib", "flax", "optax",
+                                                           "qwix", "transformers")},
+                weight_sync=bool(learner.should_sync_weights), ref_model=reference is not None)
+
+
+# --- ours -----------------------------------------------------------------------------------------
+
+
+def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
+               warmup: int, settings: Settings = Settings()) -> dict:
+    """jaxrl_hier's co-located GRPO on the same checkpoint and prompts.
+
+    Contract (what the harness reads): call `reward_fn(prompts, completions)` with the decoded completion
+    texts of every step (it checks their lengths: 32 per completion, 32 completions per step); run
+    warmup + steps + 1 steps, reading `clock()` at the start of each, and return
+    dict(startup_s=..., **step_intervals(starts, warmup, steps), versions={...}) plus any extra facts
+    (e.g. ref_model, fused_step)."""
+    raise NotImplementedError("filled by the lead")
+
+
+def bench_split(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
+                warmup: int, settings: Settings = Settings()) -> dict:
+    """jaxrl_hier's GRPO with sampling and training split apart (same contract as `bench_ours`)."""
+    raise NotImplementedError("filled by the lead")
+
+
+BENCHES: dict[str, Callable[..., dict]] = {"trl": bench_trl, "tunix": bench_tunix, "ours": bench_ours,
+                                           "split": bench_split}
+
+
+# --- worker and harness ---------------------------------------------------------------------------
+
+
+def check_completions(log: RewardLog, settings: Settings, steps_run: int) -> None:
+    """Every step scored 32 completions of exactly `new_tokens` characters."""
+    per_call = [len(c) for c in log.calls]
+    if sum(per_call) != steps_run * len(settings.prompts) * settings.num_generations:
+        raise RuntimeError(f"expected {steps_run} steps of {len(settings.prompts) * settings.num_generations} "
+                           f"completions, the reward saw {per_call}")
+    lengths = {n for c in log.calls for n in c}
+    if lengths != {settings.new_tokens}:
+        raise RuntimeError(f"completion lengths {sorted(lengths)}, expected exactly {settings.new_tokens}")
+
+
+def run_worker(system: str, beta: float, ckpt_dir: Path, steps: int, warmup: int, settings: Settings,
+               result_path: Path) -> int:
+    # Fewer threads than cores: pin the process to that many cores, which bounds torch's and XLA's thread
+    # pools alike (both size themselves from the schedulable CPUs).
+    cores = sorted(os.sched_getaffinity(0))
+    if settings.threads < len(cores):
+        os.sched_setaffinity(0, cores[:settings.threads])
+    log = RewardLog()
+    load_start = os.getloadavg()[0]
+    try:
+        rec = BENCHES[system](ckpt_dir, settings.prompts, log, beta, steps, warmup, settings)
+    except NotImplementedError as err:
+        atomic_write_json(result_path, {"skipped": f"{system}: {err}"})
+        return 0
+    check_completions(log, settings, warmup + steps + 1)
+    rec["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    rec["load_average_1min"] = [load_start, os.getloadavg()[0]]  # at the worker's start and end
+    atomic_write_json(result_path, rec)
+    return 0
+
+
+def summarize(system: str, beta: float, rec: dict, settings: Settings) -> dict:
+    times = rec["step_s"]
+    median = statistics.median(times)
+    return dict(system=system, beta=beta, median_step_s=median, min_step_s=min(times), max_step_s=max(times),
+                median_step_cpu_s=statistics.median(rec["step_cpu_s"]),
+                completion_tokens_per_s=settings.tokens_per_step / median, **rec)
+
+
+def versions() -> dict:
+    out = {}
+    for name in ("jax", "jaxlib", "flax", "optax", "transformers", "torch", "trl", "google-tunix", "qwix",
+                 "accelerate", "tokenizers", "safetensors"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def worker_env(threads: int) -> dict:
+    """One environment for every worker: the same thread limits for torch (OpenMP) and both JAX systems.
+    OpenMP threads wait passively unless OMP_WAIT_POLICY says otherwise: on a CPU shared with other jobs,
+    torch's spinning waits made generation ~10x slower (38 s instead of 3 s for 32 x 32 tokens here)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
+               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX_PLATFORMS", "XLA_FLAGS")
+
+
+def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path) -> dict | None:
+    result_path = workdir / f"{system}-{beta}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--beta", str(beta),
+           "--ckpt", str(ckpt_dir), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--threads", str(args.threads), "--result", str(result_path)]
+    print(f"[{system} beta={beta}] running ...", flush=True)
+    proc = subprocess.run(cmd, env=worker_env(args.threads), cwd=REPO, capture_output=True, text=True)
+    if proc.returncode != 0 or not result_path.exists():
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")
+    rec = json.loads(result_path.read_text())
+    if "skipped" in rec:
+        print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
+        return None
+    rec = summarize(system, beta, rec, args.settings)
+    print(f"[{system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
+          f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
+          f"{rec['peak_rss_mib']:.0f} MiB, start-up {rec['startup_s']:.1f}s, first step "
+          f"{rec['warmup_step_s'][0] if rec['warmup_step_s'] else float('nan'):.1f}s", flush=True)
+    return rec
+
+
+def markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = ["| system | beta | median step s | min s | max s | CPU s per step | completion tokens/s | peak RSS MiB | "
+             "start-up s | first step s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["records"]:
+        first = f"{r['warmup_step_s'][0]:.1f}" if r["warmup_step_s"] else ""
+        lines.append(f"| {r['system']} | {r['beta']:g} | {r['median_step_s']:.3f} | {r['min_step_s']:.3f} | "
+                     f"{r['max_step_s']:.3f} | {r['median_step_cpu_s']:.3f} | {r['completion_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
+                     f"{r['startup_s']:.1f} | {first} |")
+    d = result["device"]
+    lines += ["", f"{len(s['prompts'])} prompts x {s['num_generations']} generations x {s['new_tokens']} tokens per "
+              f"step, float32, {result['steps']} timed steps after {result['warmup']} warm-up; {d['device']}, "
+              f"{d['cpu_count']} CPU cores, {s['threads']} threads per system. {result['notes']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = result["records"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['system']}\nbeta {r['beta']:g}" for r in recs]
+    med = [r["median_step_s"] for r in recs]
+    err = [[m - r["min_step_s"] for m, r in zip(med, recs)], [r["max_step_s"] - m for m, r in zip(med, recs)]]
+    colors = [{"trl": "tab:red", "tunix": "tab:green", "ours": "tab:blue", "split": "tab:purple"}[r["system"]]
+              for r in recs]
+    x = list(range(len(recs)))
+    ax.bar([i - 0.2 for i in x], med, 0.4, yerr=err, capsize=4, color=colors, label="wall (median, min-max)")
+    ax.bar([i + 0.2 for i in x], [r["median_step_cpu_s"] for r in recs], 0.4, color=colors, alpha=0.45,
+           hatch="//", label="CPU time of the process (median)")
+    ax.set_xticks(x, labels)
+    ax.legend(fontsize=8)
+    ax.set(ylabel="seconds per GRPO step",
+           title=f"GRPO step, {result['settings']['new_tokens']} tokens x 32 completions, "
+                 f"{result['device']['device']}")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
+    p.add_argument("--systems", nargs="+", default=["trl", "tunix", "ours"], metavar="SYSTEM",
+                   help=f"any of {', '.join(SYSTEMS)}")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per system and beta")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before timing (compilation included)")
+    p.add_argument("--betas", type=float, nargs="+", default=[0.04, 0.0])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per system (default: all cores)")
+    p.add_argument("--quick", action="store_true", help="3 timed steps after 1 warm-up (a smoke run)")
+    p.add_argument("--ckpt", type=Path, default=None,
+                   help="where to write the checkpoint (default: a temporary directory)")
+    p.add_argument("--notes", default="", help="appended to the notes recorded in grpo.json")
+    p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup = 3, 1
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        raise ConfigError(f"unknown system(s) {unknown}: --systems takes any of {', '.join(SYSTEMS)}.")
+    if len(set(args.systems)) != len(args.systems):
+        raise ConfigError(f"--systems names a system twice ({args.systems}); list each once.")
+    if args.steps < 1 or args.warmup < 1:
+        raise ConfigError(f"--steps ({args.steps}) and --warmup ({args.warmup}) must be at least 1: the first "
+                          "step compiles and is never timed.")
+    if any(b < 0 for b in args.betas) or len(set(args.betas)) != len(args.betas):
+        raise ConfigError(f"--betas must be distinct and non-negative, got {args.betas}.")
+    missing = [s for s, module in (("trl", "trl"), ("tunix", "tunix")) if s in args.systems and
+               importlib.util.find_spec(module) is None]
+    if missing and not args.worker:
+        raise ConfigError(f"{' and '.join(missing)} not installed: pip install -e '.[bench]' && "
+                          "pip install --no-deps google-tunix==0.1.7 (or leave them out of --systems).")
+    from jaxrl_hier.bench import cpu_count
+
+    args.threads = args.threads or cpu_count()
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be positive, got {args.threads}.")
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file; give a directory.")
+    if args.ckpt is not None and args.ckpt.exists() and not args.ckpt.is_dir():
+        raise ConfigError(f"--ckpt {args.ckpt} is a file; give a directory (the checkpoint is written there).")
+    args.settings = Settings(threads=args.threads)
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    from jaxrl_hier.bench import device_info
+
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        workdir = Path(tmp)
+        ckpt = args.ckpt or workdir / "ckpt"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        model = make_checkpoint(ckpt)  # deterministic: the same seed writes the same weights
+        records = []
+        for system in args.systems:
+            for beta in args.betas:
+                rec = run_system(system, beta, ckpt, args, workdir)
+                if rec is not None:
+                    records.append(rec)
+    notes = ("Measured on a shared 2-core CPU machine with other jobs running beside it: absolute times are "
+             "noisy, compare systems within one run. " + args.notes).strip()
+    env = worker_env(args.threads)
+    return dict(device=device_info(), versions=versions(), model=model, settings=asdict(args.settings),
+                worker_env={k: env.get(k) for k in WORKER_ENV_KEYS},
+                steps=args.steps, warmup=args.warmup, betas=args.betas, systems=args.systems,
+                peak_memory="worker RSS high-water mark (getrusage ru_maxrss): framework, model, optimiser, "
+                            "compiled programs", notes=notes, records=records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.worker:
+        return run_worker(args.worker, args.beta, args.ckpt, args.steps, args.warmup, args.settings, args.result)
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "grpo.json", result)
+    atomic_write_text(args.out / "grpo.md", markdown(result))
+    if result["records"]:
+        atomic_write_bytes(args.out / "grpo.png", plot(result))
+    print(f"wrote {args.out / 'grpo.json'}, grpo.md" + (", grpo.png" if result["records"] else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
