@@ -215,9 +215,12 @@ class RunLock:
     def _stale(self, held: dict) -> bool:
         if not held or "pid" not in held:
             return True
-        if held.get("host") == self.owner["host"]:
-            return not _pid_alive(int(held["pid"]))
-        return time.time() - float(held.get("heartbeat", 0)) > self.stale_after_s
+        try:
+            if held.get("host") == self.owner["host"]:
+                return not _pid_alive(int(held["pid"]))
+            return time.time() - float(held.get("heartbeat", 0)) > self.stale_after_s
+        except (TypeError, ValueError):
+            return True  # not a lock this code wrote
 
     def _write(self) -> None:
         atomic_write_json(self.path, {**self.owner, "heartbeat": time.time()})

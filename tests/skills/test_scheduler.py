@@ -16,17 +16,18 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from fake_skills_trainer import CHILD_LEARN_ROUNDS, Crash, FakeTrainer, RecordingPlanner, config, run
+from fake_skills_trainer import CHILD_LEARN_ROUNDS, QUANTITIES, Crash, FakeTrainer, RecordingPlanner, config, run
 
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.logging.metrics import read_jsonl
 from jaxrl_hier.skills import scheduler as scheduler_module
 from jaxrl_hier.skills import state as state_module
-from jaxrl_hier.skills.generators import ProposalContext
+from jaxrl_hier.skills.generators import ProposalContext, make_validator
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.llm_generator import answer_loop
 from jaxrl_hier.skills.scheduler import Scheduler
+from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 from jaxrl_hier.skills.state import (CRASH_ENV, CRASH_EXIT_CODE, LOCK_FILE, PREV_FILE, STATE_FILE, RunLock,
                                      StateError, load_state)
 
@@ -325,6 +326,10 @@ def test_a_proposals_max_timesteps_is_its_budget_per_attempt(tmp_path):
     assert state.record("place_table").total_steps == 1000 and "after 1,000 steps" in state.record("place_table").reason
     assert state.record("collect_three_wood").total_steps == 3000
     assert load_state(tmp_path).record("place_table").max_timesteps == 1000
+    validate = make_validator(SkillLibrary(()), techtree_library(), QUANTITIES, 8, 2)
+    for bad in (0, "1000", True, 1.5):
+        with pytest.raises(SkillError, match="'max_timesteps' must be a positive integer"):
+            validate({"name": "a", "success": ["inventory.wood >= 1"], "max_timesteps": bad})
 
 
 def test_an_llm_answer_with_max_timesteps_reaches_the_scheduler(tmp_path):
