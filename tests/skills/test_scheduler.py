@@ -250,24 +250,24 @@ def test_two_resumers_race_for_a_stale_lock_and_one_wins(tmp_path):
 def test_heartbeat_keeps_the_lock_of_a_long_round_fresh(tmp_path):
     """A round longer than the staleness limit: another host must not take the live run's lock;
     once the heartbeat stops, it may, and the old owner stops before writing."""
-    elsewhere = RunLock(tmp_path, stale_after_s=0.6)
+    elsewhere = RunLock(tmp_path, stale_after_s=1.0)
     elsewhere.owner = {"pid": 1, "host": "elsewhere"}
     refused = []
 
     def long_round(n):
         if n == 2:
-            time.sleep(1.5)  # 2.5 staleness periods
+            time.sleep(2.5)  # 2.5 staleness periods (the heartbeat beats every 0.25 s)
             with pytest.raises(StateError, match="in use by pid") as err:
                 elsewhere.acquire()
             refused.append(str(err.value))
 
-    state = run(tmp_path, FakeTrainer(round_hook=long_round), stale_lock_s=0.6)
+    state = run(tmp_path, FakeTrainer(round_hook=long_round), stale_lock_s=1.0)
     assert refused and all(r.status == "completed" for r in state.skills)
 
-    lock = RunLock(tmp_path, stale_after_s=0.6)
+    lock = RunLock(tmp_path, stale_after_s=1.0)
     lock.acquire()
-    lock.stop_heartbeat()  # the control: without the heartbeat the same wait makes it stale
-    time.sleep(1.0)
+    lock.stop_heartbeat()  # the control: without the heartbeat a shorter wait makes it stale
+    time.sleep(1.5)
     elsewhere.acquire()
     lock.heartbeat()
     with pytest.raises(StateError, match="taken over by pid 1 on elsewhere"):
