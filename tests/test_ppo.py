@@ -1,15 +1,24 @@
-"""PPO: learning, determinism, seeds, and 1-vs-4-device equivalence."""
+"""PPO: learning, determinism, seeds, 1-vs-4-device equivalence, the loss against hand-computed
+numbers, the truncation bootstrap inside the trainer, action masks, and minibatch constraints."""
 
+import math
 import os
 import subprocess
 import sys
 import textwrap
 
+import distrax
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import struct
 
-from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, metrics_to_records
+from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, metrics_to_records, ppo_loss
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.envs.base import Environment
+from jaxrl_hier.envs.spaces import Box, Discrete
 
 CARTPOLE = dict(env="CartPole-v1", num_envs=32, num_steps=64, num_minibatches=4, hidden_size=64, num_layers=2,
                 lr=2.5e-3, gae_lambda=0.95, reset_mode="auto")
@@ -90,3 +99,156 @@ def test_one_device_equals_four(mode):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "EQUAL" in proc.stdout
+
+
+# ---------------------------------------------------------------------------- the loss by hand
+
+
+def test_ppo_loss_against_hand_computed_numbers():
+    ratio = np.array([1.5, 0.5, 1.0, 1.1])
+    adv_raw = np.array([1.0, -1.0, 2.0, 0.0])  # mean 0.5, mean square 1.5, so std sqrt(1.25)
+    value = np.array([0.5, -0.1, 0.1, 0.3])
+    targets = np.array([1.0, 1.0, 0.0, -1.0])
+    total, aux = ppo_loss(jnp.log(jnp.asarray(ratio)), jnp.full(4, 0.5), jnp.asarray(value), jnp.zeros(4), jnp.zeros(4),
+                          jnp.asarray(adv_raw), jnp.asarray(targets), clip_eps=0.2, vf_coef=0.5, ent_coef=0.01)
+    a = (adv_raw - 0.5) / math.sqrt(1.25)  # normalised: [0.447, -1.342, 1.342, -0.447]
+    # Per sample, the smaller of r*A and clip(r)*A: sample 0 (A > 0, r = 1.5) is clipped to 1.2,
+    # sample 1 (A < 0, r = 0.5) to 0.8, samples 2 and 3 lie inside [0.8, 1.2].
+    actor = -np.mean([1.2 * a[0], 0.8 * a[1], 1.0 * a[2], 1.1 * a[3]])
+    # Old values 0, clip 0.2: clipped values [0.2, -0.1, 0.1, 0.2]; per sample the larger squared
+    # error: 0.64 (clipped), 1.21, 0.01, 1.69 (unclipped).
+    value_loss = 0.5 * np.mean([0.64, 1.21, 0.01, 1.69])
+    np.testing.assert_allclose(aux["actor_loss"], actor, rtol=1e-5)
+    np.testing.assert_allclose(aux["value_loss"], 0.44375, rtol=1e-6)
+    np.testing.assert_allclose(value_loss, 0.44375)
+    np.testing.assert_allclose(aux["entropy"], 0.5)
+    np.testing.assert_allclose(total, actor + 0.5 * 0.44375 - 0.01 * 0.5, rtol=1e-5)
+    np.testing.assert_allclose(aux["clip_frac"], 0.5)  # samples 0 and 1
+    np.testing.assert_allclose(aux["approx_kl"], np.mean(ratio - 1 - np.log(ratio)), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- truncation bootstrap
+
+
+@struct.dataclass
+class LimitParams:
+    limit: int = 3
+
+
+class TimeLimitEnv(Environment):
+    """Observation [t]; reward 1 every step; never terminates, truncated when t reaches `limit`."""
+
+    default_params = LimitParams()
+
+    def reset(self, key, params):
+        return jnp.zeros(1), jnp.int32(0)
+
+    def step(self, key, t, action, params):
+        t = t + 1
+        return jnp.asarray(t, jnp.float32)[None], t, jnp.float32(1.0), jnp.bool_(False), t >= params.limit, {}
+
+    def observation_space(self, params):
+        return Box(0.0, float(params.limit), (1,))
+
+    def action_space(self, params):
+        return Discrete(2)
+
+
+class FixedValue(nn.Module):
+    """A trainable policy, but a value that no parameter touches: V(s) = 10 + t."""
+
+    @nn.compact
+    def __call__(self, obs):
+        return distrax.Categorical(logits=nn.Dense(2)(obs)), 10.0 + obs[..., 0]
+
+
+def reference_advantages(start: int, num_steps: int, limit: int, gamma: float, lam: float, bootstrap_final: bool):
+    """GAE of one env by hand, its rollout starting at episode time `start`."""
+    times = [(start + i) % limit for i in range(num_steps + 1)]
+    adv, out = 0.0, []
+    for i in reversed(range(num_steps)):
+        truncated = times[i] + 1 == limit
+        next_value = (10.0 + limit if bootstrap_final else 0.0) if truncated else 10.0 + times[i + 1]
+        adv = 1.0 + gamma * next_value - (10.0 + times[i]) + gamma * lam * (0.0 if truncated else adv)
+        out.append(adv)
+    return np.array(out)
+
+
+def test_truncated_episode_bootstraps_from_final_observation_value():
+    gamma, lam, steps = 0.9, 0.8, 4
+    config = PPOConfig(env="time-limit", num_envs=2, num_steps=steps, num_minibatches=2, update_epochs=2, gamma=gamma,
+                       gae_lambda=lam, reset_mode="auto", total_timesteps=2 * steps * 3)
+    trainer = make_train(config, env=TimeLimitEnv(), network=FixedValue())
+    _, metrics = trainer(jax.random.PRNGKey(0))
+    # The value never changes, so the value loss is 0.5 * mean(advantage^2) over the rollout, and
+    # each rollout starts 4 steps (mod the limit 3) later in the episode than the one before.
+    for update, start in enumerate([0, 1, 2]):
+        right = 0.5 * np.mean(reference_advantages(start, steps, 3, gamma, lam, bootstrap_final=True) ** 2)
+        wrong = 0.5 * np.mean(reference_advantages(start, steps, 3, gamma, lam, bootstrap_final=False) ** 2)
+        assert abs(right - wrong) > 10.0  # the test tells the two apart
+        np.testing.assert_allclose(metrics["value_loss"][update, 0], right, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- action masks
+
+
+@struct.dataclass
+class BanditState:
+    mask: jax.Array
+
+
+class MaskedBandit(Environment):
+    """One-step episodes; a random one of 3 actions is masked out, and choosing it pays 1."""
+
+    default_params = None
+
+    def _obs(self, mask):
+        return {"obs": mask.astype(jnp.float32), "action_mask": mask}
+
+    def reset(self, key, params):
+        mask = jnp.arange(3) != jax.random.randint(key, (), 0, 3)
+        return self._obs(mask), BanditState(mask)
+
+    def step(self, key, state, action, params):
+        reward = (~state.mask[action]).astype(jnp.float32)
+        obs, state = self.reset(key, params)
+        return obs, state, reward, jnp.bool_(True), jnp.bool_(False), {}
+
+    def observation_space(self, params):
+        return {"obs": Box(0.0, 1.0, (3,)), "action_mask": Box(0, 1, (3,), jnp.bool_)}
+
+    def action_space(self, params):
+        return Discrete(3)
+
+
+def test_action_mask_flows_through_rollout_and_training():
+    # 3 envs with 4 minibatches: time-split minibatches need no divisibility of num_envs.
+    config = PPOConfig(env="masked-bandit", num_envs=3, num_steps=8, num_minibatches=4, hidden_size=8, num_layers=1,
+                       reset_mode="auto", network="mlp", total_timesteps=3 * 8 * 3)
+    trainer = make_train(config, env=MaskedBandit())
+    runner, metrics = trainer(jax.random.PRNGKey(0))
+    assert set(runner.obs) == {"obs", "action_mask"}
+    np.testing.assert_array_equal(metrics["episodes"][:, 0], [24, 24, 24])
+    # Unmasked, 72 uniform draws would pick a masked action about 24 times.
+    np.testing.assert_array_equal(metrics["episode_return"][:, 0], [0, 0, 0])
+    assert np.isfinite(np.asarray(metrics["loss"])).all() and np.isfinite(np.asarray(metrics["entropy"])).all()
+
+
+# ---------------------------------------------------------------------------- minibatch constraints
+
+
+def test_purejaxrl_cartpole_settings_are_accepted():
+    # Minibatches are cut along time: 4 envs with the default 8 minibatches is fine.
+    trainer = make_train(PPOConfig(env="gymnax:CartPole-v1", num_envs=4, num_steps=128))
+    assert trainer.config.num_minibatches == 8 and trainer.envs_per_shard == 4
+
+
+def test_minibatch_constraint_errors_name_the_key(capsys, tmp_path):
+    with pytest.raises(ConfigError, match=r"num_steps \(12\) must be divisible by num_minibatches \(8\).*"
+                                          r"Change num_minibatches or num_steps"):
+        PPOConfig(num_steps=12, num_minibatches=8).validate()
+    from jaxrl_hier.train import main
+
+    # Through the CLI: exit code 2 and the message, for a recurrent network's split over envs.
+    assert main(["--output-dir", str(tmp_path / "run"), "network=gru", "num_envs=100", "num_minibatches=8"]) == 2
+    assert "num_envs (100) must be divisible by num_minibatches (8)" in capsys.readouterr().err
