@@ -52,10 +52,11 @@ def test_gru_learns_what_a_feedforward_policy_cannot(gru_run):
 def test_gru_resume_from_checkpoint_is_exact(gru_run, tmp_path):
     trainer, runner_full, metrics_full = gru_run
     half = UPDATES // 2
-    runner, first = trainer.update(trainer.init(KEY), half)
+    start = trainer.init(KEY)
+    runner, first = trainer.update(start, half)
     ckpt = Checkpointer(tmp_path / "checkpoints", asynchronous=False)
     ckpt.save(half, runner, {"network": "gru"})
-    restored, _ = ckpt.restore(half, trainer.init(KEY), expect={"network": "gru"})
+    restored, _ = ckpt.restore(half, start, expect={"network": "gru"})  # into the structure of train.init(key)
     ckpt.close()
     np.testing.assert_array_equal(np.asarray(restored.hidden), np.asarray(runner.hidden))
     restored, second = trainer.update(restored, half)
