@@ -126,7 +126,7 @@ def make_checkpoint(directory: Path, seed: int = SEED) -> dict:
                                eos_token_id=tok.eos_token_id)
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(config).float()
-    # save_pretrained writes in place; a temporary sibling renamed over `directory` keeps it whole.
+    # save_pretrained writes in place: write into a temporary sibling, then move each file in atomically.
     with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         for src in Path(tmp).iterdir():
@@ -307,8 +307,9 @@ def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, be
                warmup: int, settings: Settings = Settings()) -> dict:
     """jaxrl_hier's co-located GRPO on the same checkpoint and prompts.
 
-    Contract (what the harness reads): call `reward_fn(prompts, completions)` with the decoded completion
-    texts of every step (it checks their lengths: 32 per completion, 32 completions per step); run
+    Contract (what the harness reads): `prompts` are the texts without BOS (Tunix's sampler puts BOS first,
+    TRL gets the BOS text: prepend `tokenizer.bos_token_id` too, 12 prompt tokens, none padded); call
+    `reward_fn(prompts, completions)` with the decoded completion texts of every step (it checks their lengths: 32 per completion, 32 completions per step); run
     warmup + steps + 1 steps, reading `clock()` at the start of each, and return
     dict(startup_s=..., **step_intervals(starts, warmup, steps), versions={...}) plus any extra facts
     (e.g. ref_model, fused_step)."""
