@@ -161,10 +161,11 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
                                                 for r in s.by_status("running"))
 
     try:
-        assert _wait_for(mid_way, proc, timeout=420), proc.communicate()[0][-3000:]
-    finally:
+        reached = _wait_for(mid_way, proc, timeout=420)
+    finally:  # killed before its output is read: communicate() would wait for the whole run
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    assert reached, proc.stdout.read()[-3000:]
     killed = load_state(out)
     done_before = {r.name: r for r in killed.by_status("completed")}
     rows_before = {n: len((out / "skills" / r.dirname / "metrics.jsonl").read_text().splitlines())
