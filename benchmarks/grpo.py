@@ -175,9 +175,9 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
     # The Tunix sampler puts BOS before every prompt; the same text here gives TRL the same token ids.
     data = datasets.Dataset.from_dict({"prompt": [tok.bos_token + p for p in prompts]})
     batch = len(prompts) * settings.num_generations
-    out_dir = tempfile.mkdtemp(prefix="trl-grpo-")
+    out_dir = tempfile.TemporaryDirectory(prefix="trl-grpo-")  # TRL wants one; nothing is saved there
     args = GRPOConfig(
-        output_dir=out_dir, max_steps=warmup + steps + 1, per_device_train_batch_size=batch,
+        output_dir=out_dir.name, max_steps=warmup + steps + 1, per_device_train_batch_size=batch,
         gradient_accumulation_steps=1, num_generations=settings.num_generations, num_iterations=1,
         max_completion_length=settings.new_tokens, temperature=settings.temperature, top_p=1.0, top_k=0,
         generation_kwargs={"suppress_tokens": special_ids(tok), "min_new_tokens": settings.new_tokens},
@@ -199,6 +199,7 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
                           processing_class=tok, callbacks=[StepClock()])
     startup = time.perf_counter() - t0
     trainer.train()
+    out_dir.cleanup()
     return dict(startup_s=startup, **step_intervals(starts, warmup, steps),
                 versions={k: metadata.version(k) for k in ("trl", "torch", "transformers", "accelerate")},
                 threads=torch.get_num_threads(), ref_model=trainer.ref_model is not None)
