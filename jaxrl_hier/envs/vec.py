@@ -29,7 +29,13 @@ Reset schemes (`reset_mode`):
 
 Branches are `lax.cond`s. Under `vmap` a cond with a batched predicate runs both branches, so the
 trainer passes its vmapped axis names as `sync_axes`: the predicate is then reduced (any) over
-those axes and stays a scalar, and the refill runs for every instance when any needs it.
+those axes and stays a scalar, and the refill runs for every instance when any needs it. Along
+`share_axes` (a subset of them) a refill that runs anyway is not wasted: every instance tops its
+pool up, not only the short ones, so the next refill comes no sooner than it would for one
+instance alone. Without that, K instances refill K times as often, each time all K of them (K
+skills in one program ran slower than one after another). Only axes whose instances always sit
+together belong there (the seed axis: every device holds every seed), so results still do not
+depend on how env shards are grouped on devices.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class VecEnv:
     pool_size: int = 0  # 0: 2 * max_resets_per_step
     max_resets_per_step: int = 0  # 0: num_envs // reset_ratio (at least 1)
     sync_axes: tuple[str, ...] = ()
+    share_axes: tuple[str, ...] = ()  # subset of sync_axes along which refills top every pool up
 
     # ------------------------------------------------------------------ sizes and spaces
     @property
@@ -100,10 +107,11 @@ class VecEnv:
     def _reset_many(self, key: jax.Array, n: int):
         return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, n), self.params)
 
-    def _any(self, pred: jax.Array) -> jax.Array:
-        """`pred` reduced over the caller's vmapped axes, so that lax.cond stays a real branch."""
+    def _any(self, pred: jax.Array, axes: tuple[str, ...] | None = None) -> jax.Array:
+        """`pred` reduced over the caller's vmapped axes (default: `sync_axes`, so that lax.cond
+        stays a real branch)."""
         pred = pred.astype(jnp.int32)
-        for axis in self.sync_axes:
+        for axis in self.sync_axes if axes is None else axes:
             pred = jax.lax.pmax(pred, axis)
         return pred > 0
 
@@ -167,16 +175,18 @@ class VecEnv:
         """Fill the empty slots of the pool with fresh worlds, only when it cannot serve `need`."""
 
         short = vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step)
+        # Instances that take fresh worlds: the short ones, and their peers along share_axes.
+        take = self._any(short, self.share_axes)
 
         def refill(v: VecState) -> VecState:
-            # The branch may run because another vmapped instance is short (sync_axes); only a
-            # pool that is short itself takes the fresh worlds, so results do not depend on
-            # how envs are grouped.
+            # The branch may run because another vmapped instance is short (sync_axes); only the
+            # instances that `take` keep the fresh worlds, so results do not depend on how envs
+            # are grouped (share_axes never spans env groups).
             fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
-            keep = v.pool_valid | ~short
+            keep = v.pool_valid | ~take
             return v.replace(pool_obs=_where(keep, v.pool_obs, fresh_obs),
                              pool_state=_where(keep, v.pool_state, fresh_state),
-                             pool_valid=v.pool_valid | short)
+                             pool_valid=v.pool_valid | take)
 
         return jax.lax.cond(self._any(short), refill, lambda v: v, vstate)
 
@@ -212,10 +222,14 @@ class VecEnv:
 
 
 def make_vec_env(env, params, num_envs: int, reset_mode: str = "pool", reset_ratio: int = 16, *,
-                 pool_size: int = 0, max_resets_per_step: int = 0, sync_axes: tuple[str, ...] = ()) -> VecEnv:
+                 pool_size: int = 0, max_resets_per_step: int = 0, sync_axes: tuple[str, ...] = (),
+                 share_axes: tuple[str, ...] = ()) -> VecEnv:
     """N copies of `env` stepped together; see the module docstring for the reset schemes."""
     if reset_mode not in RESET_MODES:
         raise ConfigError(f"unknown reset_mode '{reset_mode}': use one of {', '.join(RESET_MODES)}.")
     if num_envs < 1 or reset_ratio < 1 or pool_size < 0 or max_resets_per_step < 0:
         raise ConfigError("num_envs and reset_ratio must be positive; pool_size and max_resets_per_step >= 0.")
-    return VecEnv(env, params, num_envs, reset_mode, reset_ratio, pool_size, max_resets_per_step, tuple(sync_axes))
+    if not set(share_axes) <= set(sync_axes):
+        raise ConfigError(f"share_axes {tuple(share_axes)} must be a subset of sync_axes {tuple(sync_axes)}.")
+    return VecEnv(env, params, num_envs, reset_mode, reset_ratio, pool_size, max_resets_per_step, tuple(sync_axes),
+                  tuple(share_axes))

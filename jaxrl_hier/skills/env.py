@@ -112,11 +112,18 @@ class SkillEnv(Environment):
     def default_params(self) -> SkillEnvParams:
         # No skill (idle slots): a condition that never holds (q < -inf), so episodes run to the base
         # env's own end. One that held at once would reset every env on every step, and resets are
-        # the most expensive thing a Craftax step can do (a refill the other slots would wait on).
+        # the most expensive thing a Craftax step can do. (The trainer leaves idle slots out of its
+        # compiled rounds altogether; `is_idle` recognises them.)
         none = jax.tree.map(lambda x: x[0].copy(), self.conditions([None]))
         none.op[0], none.value[0], none.valid[0] = OPS.index("<"), -np.inf, True
         plan = self.conditions([], rows=self.max_experts)
         return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0)))
+
+    @staticmethod
+    def is_idle(success: Conditions) -> np.ndarray:
+        """bool[...]: these success conditions are the idle marker of `default_params` (host arrays)."""
+        op, value, valid = (np.asarray(x)[..., 0] for x in (success.op, success.value, success.valid))
+        return valid & (op == OPS.index("<")) & (value == -np.inf)
 
     # ------------------------------------------------------------------ env protocol
     def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array]:

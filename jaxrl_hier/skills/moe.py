@@ -16,8 +16,15 @@ Each env row is routed to one expert (`idx`). Two ways to evaluate the routed ex
 `MoEPolicy` duck-types a Flax module (`init`, `apply`) for `algorithms.ppo`. Its `params` hold only
 the new expert (actor and critic), so the optimiser never sees the frozen experts; those sit in the
 `experts` variable collection (the PPO runner's `extra_variables`), one bank per skill slot. The
-critic is always the new expert's: it estimates the return of *this* skill's reward on every state,
-including the states where a dependency's expert is acting.
+bank's rows are read from its shape, so a caller may pass a bank cut to the plans in use (the skills
+trainer does: no rows, and no routing, for skills without dependencies). The critic is always the
+new expert's: it estimates the return of *this* skill's reward on every state, including the states
+where a dependency's expert is acting.
+
+Frozen experts act greedily (their argmax action, as a one-hot distribution): a dependency is a
+finished skill, and sampling its exploration noise in every skill built on it multiplies its
+failure rate down the chain (a five-deep TechTree chain of 0.9-reliable samplers succeeds ~0.6 of
+the time). Their rows carry no gradient either way.
 """
 
 from __future__ import annotations
@@ -111,12 +118,12 @@ class MoEPolicy:
     """Dependency-gated mixture of experts; obs is `{"obs": x, "expert": plan position}` (skills.env)."""
 
     def __init__(self, num_actions: int, hidden_size: int, num_layers: int, activation: str, max_experts: int,
-                 dispatch: str = "gather", block_size: int | None = None):
+                 dispatch: str = "gather", block_size: int | None = None, greedy_frozen: bool = True):
         if dispatch not in ("gather", "mask"):
             raise ValueError(f"unknown MoE dispatch '{dispatch}': use 'gather' or 'mask'.")
         self.num_actions, self.hidden_size, self.num_layers = num_actions, hidden_size, num_layers
         self.activation, self.max_experts = activation, max_experts
-        self.dispatch, self.block_size = dispatch, block_size
+        self.dispatch, self.block_size, self.greedy_frozen = dispatch, block_size, greedy_frozen
 
     def expert_sizes(self, obs_dim: int, out: int) -> list[int]:
         return [obs_dim] + [self.hidden_size] * self.num_layers + [out]
@@ -137,13 +144,23 @@ class MoEPolicy:
         params, frozen = variables["params"], variables["experts"]
         x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
         # Local expert index: plan position j < plan_len -> frozen bank row j; else the new expert,
-        # which sits after the bank.
-        local = jnp.where(obs["expert"] < frozen["plan_len"], obs["expert"], self.max_experts)
+        # which sits after the bank (row `rows`: the bank may be cut shorter than max_experts).
+        rows = frozen["actor"][0]["kernel"].shape[0]
+        is_frozen = obs["expert"] < frozen["plan_len"]
+        local = jnp.where(is_frozen, obs["expert"], rows)
         bank = jax.tree.map(lambda f, new: jnp.concatenate([jax.lax.stop_gradient(f), new[None]]),
                             frozen["actor"], params["actor"])
         if self.dispatch == "gather":
             logits = mixture_apply_gather(bank, x, local, act, self.block_size)
         else:
             logits = mixture_apply_mask(bank, x, local, act)
+        if self.greedy_frozen and rows:
+            logits = jnp.where(is_frozen[:, None], greedy_logits(logits), logits)
         value = mlp_apply(params["critic"], x, act)[:, 0]
         return distrax.Categorical(logits=logits), value
+
+
+def greedy_logits(logits: jax.Array) -> jax.Array:
+    """Logits of the one-hot distribution on the argmax (finite, so log-probs and entropy stay 0, not NaN)."""
+    best = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=logits.dtype)
+    return jax.lax.stop_gradient((best - 1.0) * 1e9)

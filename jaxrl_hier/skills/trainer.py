@@ -7,6 +7,16 @@ dependencies (`skills.moe`). So the skills running at once train in one compiled
 several devices each slot's envs are split over the `data` mesh as in a plain PPO run. A slot is
 (re)started by initialising fresh state for it and swapping it in; the other slots go on untouched.
 Python only acts between rounds of `updates_per_round` updates.
+
+Idle slots cost nothing: a round takes only the active slots out of the runner, with their frozen
+expert banks cut to the longest plan among them (rounded up to a power of two), trains that, and
+puts it back. So there is one compiled program per (number of active slots, bank rows): a handful
+of shapes in a run, each compiled once. The stored runner keeps the full shape (`max_parallel_skills` slots,
+`max_experts` bank rows), so checkpoints do not depend on which slots were active.
+
+After each round every active skill is also evaluated greedily (argmax actions, frozen experts
+greedy as always): `num_envs` fresh episodes per slot, each given the round's rollout length
+(`num_steps * updates_per_round` steps); an episode still running then counts as a failure.
 """
 
 from __future__ import annotations
@@ -34,6 +44,11 @@ class RoundResult(NamedTuple):
     steps: int  # env steps this slot took in the round
     episode_return: float | None
     episode_length: float | None
+    greedy_success_rate: float | None = None  # greedy evaluation after the round (None: idle slot)
+    greedy_episodes: int = 0
+
+
+IDLE = RoundResult(None, 0, 0, None, None)
 
 
 def quantities_for(env: Any, library: SkillLibrary) -> dict:
@@ -63,6 +78,10 @@ class SkillTrainer:
         self.runner = None
         self._ckpt: Checkpointer | None = None
         self._obs_dim = int(np.prod(base.observation_space(base_params).shape))
+        self.eval_steps = ppo_config.num_steps * config.updates_per_round
+        self._eval = jax.jit(jax.vmap(self._greedy_eval, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
+        self._select = jax.jit(_select, static_argnums=2)
+        self._merge = jax.jit(_merge)
 
     @property
     def quantity_names(self) -> tuple[str, ...]:
@@ -103,22 +122,59 @@ class SkillTrainer:
         take = jnp.array([i in slots for i in range(self.slots)])
         self.runner = _swap_in(self.runner, fresh, take, self.ppo.shardings(self.runner))
 
-    def train_round(self) -> list[RoundResult]:
-        """`updates_per_round` PPO updates of every slot in one compiled program."""
-        self.runner, metrics = self.ppo.update(self.runner, self.config.updates_per_round)
+    def active_slots(self) -> list[int]:
+        """Slots that hold a skill (read from the runner, so it holds after a restore too)."""
+        return [int(i) for i in np.flatnonzero(~self.env.is_idle(self.runner.env_params.skill.success))]
+
+    def train_round(self, active: list[int] | None = None) -> list[RoundResult]:
+        """`updates_per_round` PPO updates of the `active` slots (default: every slot holding a skill)
+        in one compiled program, then a greedy evaluation of each; idle slots take no compute."""
+        active = sorted(self.active_slots() if active is None else active)
+        if not active:
+            return [IDLE] * self.slots
+        idx = jnp.asarray(active, jnp.int32)
+        plan_len = np.asarray(self.runner.extra_variables["experts"]["plan_len"])
+        rows = bank_rows(int(plan_len[active].max()), self.config.max_experts)
+        sub = self._select(self.runner, idx, rows)
+        sub, metrics = self.ppo.update(jax.device_put(sub, self.ppo.shardings(sub)), self.config.updates_per_round)
+        greedy_success, greedy_episodes = self._eval(sub.train_state.params, sub.extra_variables, sub.env_params,
+                                                     jax.vmap(lambda k: jax.random.fold_in(k, 1))(sub.key),
+                                                     self.eval_steps)
+        self.runner = jax.device_put(self._merge(self.runner, sub, idx), self.ppo.shardings(self.runner))
         host = jax.tree.map(np.asarray, metrics)
-        episodes = host["episodes"]  # [updates, slots]
-        out = []
-        for i in range(self.slots):
-            n = float(episodes[:, i].sum())
+        greedy_success, greedy_episodes = np.asarray(greedy_success), np.asarray(greedy_episodes)
+        episodes = host["episodes"]  # [updates, active slots]
+        out = [IDLE] * self.slots
+        for j, slot in enumerate(active):
+            n = float(episodes[:, j].sum())
 
             def mean(x: np.ndarray) -> float | None:
-                return float(np.nansum(x * episodes[:, i]) / n) if n else None
+                return float(np.nansum(x * episodes[:, j]) / n) if n else None
 
-            out.append(RoundResult(mean(host["achievements"][:, i, 0]), int(n),
-                                   self.config.updates_per_round * self.steps_per_update,
-                                   mean(host["episode_return"][:, i]), mean(host["episode_length"][:, i])))
+            out[slot] = RoundResult(mean(host["achievements"][:, j, 0]), int(n),
+                                    self.config.updates_per_round * self.steps_per_update,
+                                    mean(host["episode_return"][:, j]), mean(host["episode_length"][:, j]),
+                                    float(greedy_success[j]) / int(greedy_episodes[j]), int(greedy_episodes[j]))
         return out
+
+    def _greedy_eval(self, params: Any, extra: Any, env_params: Any, key: jax.Array, horizon: int):
+        """One slot: successes among `num_envs` fresh episodes run greedily for at most `horizon` steps."""
+        n = self.config.ppo_config().num_envs
+        k_reset, k_steps = jax.random.split(key)
+        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(k_reset, n), env_params)
+
+        def step(carry, k):
+            obs, state, ended, success = carry
+            pi, _ = self.ppo.apply(params, extra, obs)
+            action = jnp.argmax(pi.logits, axis=-1)
+            obs, state, _, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+                jax.random.split(k, n), state, action, env_params)
+            success = success | (~ended & state.success)  # success ends the episode: counted once
+            return (obs, state, ended | terminated | truncated, success), None
+
+        init = (obs, state, jnp.zeros(n, bool), jnp.zeros(n, bool))
+        (_, _, _, success), _ = jax.lax.scan(step, init, jax.random.split(k_steps, horizon))
+        return success.sum(), jnp.int32(n)
 
     def expert(self, slot: int) -> dict:
         """The trainable expert of `slot`, on the host."""
@@ -151,6 +207,27 @@ class SkillTrainer:
     def load_expert(self, directory: Path) -> Any:
         like = self.policy.init_expert(jax.random.key(0), self._obs_dim)
         return load_expert(directory, like)
+
+
+def bank_rows(plan_len: int, max_experts: int) -> int:
+    """Frozen bank rows for plans up to `plan_len` long: 0 (no routing at all) or the next power of
+    two, so that a run compiles a few bank shapes rather than one per plan length."""
+    return 0 if plan_len == 0 else min(max_experts, 1 << (plan_len - 1).bit_length())
+
+
+def _select(runner: Any, idx: jax.Array, rows: int) -> Any:
+    """The slots `idx` of the runner, their frozen expert banks cut to `rows` rows."""
+    sub = jax.tree.map(lambda x: x[idx], runner)
+    experts = sub.extra_variables["experts"]
+    experts = {**experts, "actor": jax.tree.map(lambda w: w[:, :rows], experts["actor"])}
+    return sub.replace(extra_variables={**sub.extra_variables, "experts": experts})
+
+
+def _merge(runner: Any, sub: Any, idx: jax.Array) -> Any:
+    """Put the trained slots back (env params and frozen experts do not change in training)."""
+    put = lambda a, b: a.at[idx].set(b)  # noqa: E731
+    return runner.replace(**{f: jax.tree.map(put, getattr(runner, f), getattr(sub, f))
+                             for f in ("train_state", "env_state", "obs", "key", "update")})
 
 
 def _swap_in(old: Any, new: Any, take: jax.Array, shardings: Any) -> Any:
@@ -189,4 +266,4 @@ def load_expert(directory: Path, like: dict) -> dict:
     return jax.tree.map(np.asarray, state)
 
 
-__all__ = ["RoundResult", "SkillTrainer", "save_expert", "load_expert", "quantities_for"]
+__all__ = ["IDLE", "RoundResult", "bank_rows", "SkillTrainer", "save_expert", "load_expert", "quantities_for"]

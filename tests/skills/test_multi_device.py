@@ -1,4 +1,5 @@
-"""Skill slots on 4 simulated CPU devices compute what they compute on one device (env shards)."""
+"""Skill slots on 4 simulated CPU devices compute what they compute on one device (env shards), with
+idle slots left out of the compiled round and plan-sized expert banks."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ SCRIPT = textwrap.dedent("""
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
     for x, y in zip(res1, res4):
         assert x.episodes == y.episodes and (x.success_rate is None or abs(x.success_rate - y.success_rate) < 1e-5)
+        assert x.greedy_episodes == y.greedy_episodes and x.greedy_success_rate == y.greedy_success_rate
+    # Round 1: slot 1 idle, so it took no steps; the active slot was also evaluated greedily.
+    assert res1[1].steps == 0 and res1[1].greedy_episodes == 0 and res1[0].greedy_episodes == 32
+    assert res1[2].steps > 0 and res1[3].steps > 0
     print("EQUAL")
 """)
 

@@ -174,12 +174,17 @@ def test_moe_policy_trains_only_the_new_expert():
     g_params, g_bank = jax.grad(loss, argnums=(0, 1))(variables["params"], frozen)
     assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(g_bank))
     assert float(jnp.abs(g_params["actor"][0]["kernel"]).sum()) > 0
-    # Rows routed to a frozen expert use that expert's weights, exactly.
+    # Rows routed to a frozen expert act greedily with that expert's weights; the new expert's rows
+    # sample. A bank cut to the plan (2 rows, as the trainer passes it) gives the same policy.
+    cut = {"actor": jax.tree.map(lambda w: w[:2], frozen), "plan_len": jnp.int32(2)}
     for dispatch in ("gather", "mask"):
         pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch)
         pi, _ = pol.apply({"params": variables["params"], "experts": extra}, obs)
         want = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
-        np.testing.assert_allclose(np.asarray(pi.logits[1:2]), np.asarray(jax.nn.log_softmax(want)), atol=1e-5)
+        assert int(pi.mode()[1]) == int(jnp.argmax(want)) and float(pi.log_prob(pi.mode())[1]) == 0.0
+        assert float(pi.entropy()[1]) == 0.0 and float(pi.entropy()[2]) > 0.1
+        pi_cut, _ = pol.apply({"params": variables["params"], "experts": cut}, obs)
+        np.testing.assert_allclose(np.asarray(pi_cut.logits), np.asarray(pi.logits), atol=1e-5)
 
 
 def test_idle_slot_params_never_succeed():
@@ -208,3 +213,61 @@ def test_planner_proposes_python_predicate_skills_from_the_catalog():
                                                              "status": "completed"},), q)
     skill = TechTreePlanner(catalog).propose(ctx, make_validator(have, catalog, q, 4, 2))
     assert skill is corner and skill.predicate is not None
+
+
+def test_gather_and_mask_mixtures_have_equal_gradients():
+    # Equal outputs are not enough: PPO trains through the mixture, so the gradients with respect to
+    # the experts' weights and to the inputs must agree too (the gather path scatters and un-sorts).
+    k = jax.random.key(7)
+    experts, rows = 5, 48
+    bank = stack_experts([init_mlp(jax.random.fold_in(k, i), [6, 16, 16, 4], 1.0) for i in range(experts)])
+    x = jax.random.normal(k, (rows, 6))
+    idx = jax.random.randint(jax.random.fold_in(k, 99), (rows,), 0, experts).at[:3].set(experts - 1)
+    weights = jax.random.normal(jax.random.fold_in(k, 5), (rows, 4))  # a loss that weighs every output
+
+    def loss(apply, bank, x):
+        return jnp.sum(jnp.tanh(apply(bank, x, idx, jnp.tanh)) * weights)
+
+    want = jax.grad(lambda b, x: loss(mixture_apply_mask, b, x), argnums=(0, 1))(bank, x)
+    for block_size in (None, 1, 7):
+        gather = lambda b, x, i, a: mixture_apply_gather(b, x, i, a, block_size)  # noqa: E731
+        got = jax.grad(lambda b, x: loss(gather, b, x), argnums=(0, 1))(bank, x)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+    # And through the policy, as PPO differentiates it (log-probs of taken actions plus values).
+    obs = {"obs": x, "expert": idx}
+    actions = jax.random.randint(jax.random.fold_in(k, 3), (rows,), 0, 4)
+    grads = []
+    for dispatch in ("gather", "mask"):
+        pol = MoEPolicy(4, 16, 2, "tanh", experts - 1, dispatch)
+        variables = pol.init(jax.random.key(0), obs)
+        frozen = {"actor": jax.tree.map(lambda w: w[:-1], bank), "plan_len": jnp.int32(experts - 2)}
+
+        def ppo_like(params):
+            pi, v = pol.apply({"params": params, "experts": frozen}, obs)
+            return (pi.log_prob(actions) * weights[:, 0]).sum() + (v * weights[:, 1]).sum() + pi.entropy().sum()
+
+        grads.append(jax.grad(ppo_like)(variables["params"]))
+    for g, w in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
+        assert np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+
+
+def test_pool_refill_tops_up_every_seed_along_share_axes():
+    # K skills in one program: a refill that one seed needs runs for all seeds (a real branch under
+    # vmap), so every seed keeps the fresh worlds, and the next refill comes no sooner than for one seed.
+    from jaxrl_hier.envs import make_vec_env
+
+    env, params = make("TechTree-v0")
+    _, v = make_vec_env(env, params, num_envs=4, reset_ratio=4).reset(jax.random.key(0))  # pool of 2 worlds
+    seeds = jax.tree.map(lambda x: jnp.stack([x, x]), v)
+    seeds = seeds.replace(pool_valid=jnp.array([[False, False], [True, False]]))  # seed 0 is short, seed 1 not
+    marked = seeds.replace(pool_state=seeds.pool_state.replace(timestep=jnp.full((2, 2), 7, jnp.int32)))
+    for share, want_valid in [(("seed",), [[True, True], [True, True]]), ((), [[True, True], [True, False]])]:
+        vec = make_vec_env(env, params, num_envs=4, reset_ratio=4, sync_axes=("seed",), share_axes=share)
+        out = jax.vmap(lambda s: vec._refill_if_short(jax.random.key(1), s, jnp.int32(1)), axis_name="seed")(marked)
+        assert np.asarray(out.pool_valid).tolist() == want_valid
+        fresh = np.asarray(out.pool_state.timestep) == 0  # fresh worlds start at timestep 0
+        assert fresh[0].all() and not fresh[1, 0] and bool(fresh[1, 1]) == bool(share)
+    with pytest.raises(Exception, match="subset of sync_axes"):
+        make_vec_env(env, params, num_envs=4, share_axes=("seed",))
