@@ -255,14 +255,15 @@ class PPO:
     def envs_per_shard(self) -> int:
         return self.config.num_envs // self.num_shards
 
-    def vec_env(self, env_params, sync_axes: tuple[str, ...] = ()):
+    def vec_env(self, env_params, sync_axes: tuple[str, ...] = (), share_axes: tuple[str, ...] = ()):
         from jaxrl_hier.envs import make_vec_env
 
         c = self.config
         # The rollout runs under vmap over seeds and shards: the reset branches reduce their
-        # predicates over those axes so that they stay real branches (see envs/vec.py).
+        # predicates over those axes so that they stay real branches, and a refill any seed needs
+        # tops up every seed's pool (share_axes; see envs/vec.py).
         return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode,
-                            reset_ratio=c.reset_ratio, sync_axes=sync_axes)
+                            reset_ratio=c.reset_ratio, sync_axes=sync_axes, share_axes=share_axes)
 
     def optimizer(self) -> optax.GradientTransformation:
         c = self.config
@@ -359,7 +360,7 @@ class PPO:
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
         """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
         c = self.config
-        vec = self.vec_env(runner.env_params, sync_axes=("seed", "shard"))
+        vec = self.vec_env(runner.env_params, sync_axes=("seed", "shard"), share_axes=("seed",))
         params, extra = runner.train_state.params, runner.extra_variables
 
         def final_value(hidden, final_obs, truncated):
