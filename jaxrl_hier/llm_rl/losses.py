@@ -116,18 +116,5 @@ def policy_loss(logp: jax.Array, old_logp: jax.Array, advantages: jax.Array, wei
                      ratio_mean=jnp.sum(weights * ratio) / total_w)
 
 
-def overlong_penalty(lengths: jax.Array, max_len: int, buffer: int, penalty: float = 1.0) -> jax.Array:
-    """DAPO's soft overlong punishment: 0 up to max_len - buffer, then a linear ramp to -penalty at max_len.
-
-    `lengths` are completion lengths in tokens; a completion that hit max_len without EOS gets the
-    full -penalty.
-    """
-    lengths = lengths.astype(jnp.float32)
-    if buffer <= 0:
-        return jnp.where(lengths >= max_len, -penalty, 0.0)
-    start = max_len - buffer
-    return -penalty * jnp.clip((lengths - start) / buffer, 0.0, 1.0)
-
-
 __all__ = ["LossParts", "LossType", "ScaleRewards", "KLEstimator", "group_advantages", "token_weights",
-           "kl_penalty", "policy_loss", "overlong_penalty"]
+           "kl_penalty", "policy_loss"]

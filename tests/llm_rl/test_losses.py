@@ -89,5 +89,7 @@ def test_token_weights_ignore_invalid_rows():
 
 
 def test_overlong_penalty_ramp():
-    out = losses.overlong_penalty(jnp.array([10, 12, 14, 16]), max_len=16, buffer=4, penalty=1.0)
+    from jaxrl_hier.tasks.base import overlong_penalty  # the one formula, shared with the tasks' rewards
+
+    out = overlong_penalty(jnp.array([10, 12, 14, 16]), max_len=16, buffer=4, penalty=1.0, xp=jnp)
     np.testing.assert_allclose(np.asarray(out), [0.0, 0.0, -0.5, -1.0])

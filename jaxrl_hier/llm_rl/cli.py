@@ -1,0 +1,308 @@
+"""`python -m jaxrl_hier.train --config configs/grpo_arithmetic.yaml`: SFT warm-start, then GRPO/DAPO/Dr.GRPO.
+
+The `grpo` and `sft` entries of `jaxrl_hier.train.ALGORITHMS`. A run directory holds:
+
+    config.yaml            the resolved config (variant defaults filled in)
+    sft/                   the warm-start stage: metrics.jsonl, checkpoints/, model/ (save_pretrained +
+                           tokenizer), DONE (written last: its presence means the stage is complete)
+    metrics.jsonl          one record per GRPO step (rewards, accuracy, lengths, clip, KL, entropy,
+                           dropped groups, per-stage times, tokens/s, and eval/accuracy every eval_every)
+    samples.jsonl          a few prompts with their completions and rewards every log_every steps
+    checkpoints/           Orbax checkpoints of the GRPO state (trainable params or adapter, optimiser, RNG)
+    learning_curve.png     reward, train accuracy and held-out accuracy against steps
+    model/                 the final policy (LoRA merged), loadable by transformers
+
+Each stage is skipped when its output exists, so a killed run resumes at the stage it was in;
+`--resume` continues the GRPO stage from its last checkpoint and gives the same numbers as an
+uninterrupted run (the problems of a step are drawn from the seed and the step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.llm_rl.config import GRPOConfig
+
+#: keys a resume may change: logging, evaluation and retention only, never what is learned
+GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_problems", "checkpoint_every",
+                         "keep_checkpoints", "total_steps")
+
+
+def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
+    from jaxrl_hier.tasks import build_char_tokenizer, make_task
+
+    kwargs: dict[str, Any] = {}
+    if config.task == "arithmetic":
+        kwargs = dict(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
+                      worked=config.task_worked)
+    elif config.task == "gsm8k":
+        kwargs = dict(path=config.task_path)
+    task = make_task(config.task, **kwargs)
+    tokenizer = None
+    if config.model_path is None:
+        tokenizer = build_char_tokenizer()
+    else:
+        from jaxrl_hier.llm.checkpoint import _load_tokenizer
+
+        if not Path(config.model_path).is_dir():
+            raise ConfigError(f"model_path {config.model_path} is not a local directory (nothing is downloaded).")
+        tokenizer = _load_tokenizer(Path(config.model_path))
+        if tokenizer is None:
+            raise ConfigError(f"{config.model_path} holds no tokenizer (tokenizer.json); GRPO needs one.")
+    return task, tokenizer
+
+
+def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
+    """Prompts and SFT targets must fit the static shapes: checked on a sample before anything compiles."""
+    from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
+
+    special_ids(tokenizer)
+    sample = task.problems("train", 64, config.seed) + task.problems("test", 16, config.seed)
+    encode_prompts(tokenizer, [p.prompt for p in sample], config.max_prompt_length)
+    _, _, truncated = encode_completions(tokenizer, [p.target for p in sample], config.max_new_tokens)
+    if truncated:
+        raise ConfigError(f"{truncated} of {len(sample)} sample targets (solution + answer line + EOS) are longer "
+                          f"than max_new_tokens={config.max_new_tokens}; raise max_new_tokens.")
+
+
+def _write_done(path: Path, info: dict) -> None:
+    from jaxrl_hier.io import atomic_write_json
+
+    atomic_write_json(path, info)
+
+
+def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
+                  mesh: Any) -> tuple[Any, dict]:
+    """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary."""
+    import jax
+
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.llm import load_pretrained, merge_lora, save_pretrained
+    from jaxrl_hier.llm_rl.grpo import evaluate_policy
+    from jaxrl_hier.llm_rl.model_setup import build_lora
+    from jaxrl_hier.llm_rl.sft import SFT
+    from jaxrl_hier.logging import MetricsWriter
+    from jaxrl_hier.train import is_primary, log, progress_bar
+
+    stage = out / "sft"
+    done = stage / "DONE"
+    if done.is_file():
+        info = json.loads(done.read_text())
+        model = load_pretrained(stage / "model", dtype=lm.dtype, mesh=mesh)
+        model.tokenizer = tokenizer
+        log(f"SFT stage already complete ({stage}): held-out accuracy {info.get('eval_accuracy')}")
+        return model, info
+    lora = build_lora(config, lm, mesh) if config.sft_lora else None
+    sft = SFT(lm, tokenizer, task, steps=config.sft_steps, batch_size=config.sft_batch_size,
+              learning_rate=config.sft_learning_rate, warmup_steps=config.sft_warmup_steps,
+              max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens, seed=config.seed,
+              lora=lora)
+    state = sft.init()
+    ckpt = Checkpointer(stage / "checkpoints", keep=config.keep_checkpoints)
+    writer = MetricsWriter(stage, primary=is_primary())
+    start = 0
+    if ckpt.latest_step() is not None:
+        start = ckpt.latest_step()
+        state, _ = ckpt.restore(start, state, expect={"stage": "sft"})
+        log(f"SFT resumed at step {start}")
+    writer.truncate_after(start)
+    progress = progress_bar(args, config.sft_steps, start, "sft")
+    t0 = time.perf_counter()
+    try:
+        for step in range(start, config.sft_steps):
+            batch, _ = sft.batch(step)
+            state, metrics = sft.step(state, batch)
+            if (step + 1) % config.log_every == 0 or step + 1 == config.sft_steps:
+                rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                writer.write({"update": step + 1, "step": step + 1, "time_s": time.perf_counter() - t0, **rec})
+                if progress is not None:
+                    progress.set_postfix(loss=f"{rec['loss']:.3f}")
+            if progress is not None:
+                progress.update(1)
+            if config.sft_checkpoint_every and (step + 1) % config.sft_checkpoint_every == 0:
+                ckpt.save(step + 1, state, {"stage": "sft"})
+    finally:
+        if progress is not None:
+            progress.close()
+        ckpt.close()
+        writer.close()
+    params, adapter = sft.params_and_lora(state)
+    params = merge_lora(params, adapter)
+    test = task.problems("test", config.eval_problems, config.seed)
+    ev = evaluate_policy(lm, params, None, tokenizer, task, test, max_prompt_length=config.max_prompt_length,
+                         max_new_tokens=config.max_new_tokens)
+    lm.params = params
+    if is_primary():
+        save_pretrained(lm, params, stage / "model")
+        from jaxrl_hier.tasks import save_tokenizer
+
+        save_tokenizer(tokenizer, stage / "model")
+    info = {"steps": config.sft_steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
+            "eval_problems": len(test), "time_s": time.perf_counter() - t0}
+    if is_primary():
+        _write_done(done, info)
+    log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}")
+    return lm, info
+
+
+def _sample_records(step: int, samples: dict, metrics: dict, tokenizer: Any, count: int, config: GRPOConfig,
+                    rewards: Any) -> list[dict]:
+    import numpy as np
+
+    from jaxrl_hier.tasks.jax_rewards import decode_completions
+
+    rollout = samples["rollout"]
+    g = config.num_generations
+    rows = list(range(0, min(count, config.prompts_per_step) * g, g))  # the first completion of the first prompts
+    tokens, mask = np.asarray(rollout.tokens)[rows], np.asarray(rollout.mask)[rows]
+    texts = decode_completions(tokenizer, tokens, mask)
+    out = []
+    for i, r in enumerate(rows):
+        problem = samples["problems"][r // g]
+        out.append({"update": step, "step": step, "prompt": problem.prompt, "answer": problem.answer,
+                    "completion": texts[i], "correct": bool(rewards.task.is_correct(problem, texts[i]))})
+    return out
+
+
+def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
+    """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in records]
+    for key, label in (("reward", "mean reward"), ("accuracy", "train accuracy (sampled)")):
+        ax.plot(steps, [r.get(key) for r in records], label=label, alpha=0.8)
+    ev = [(r["step"], r["eval/accuracy"]) for r in records if r.get("eval/accuracy") is not None]
+    if ev:
+        ax.plot(*zip(*ev), "o-", label="held-out accuracy (greedy)", color="black")
+    ax.set_xlabel("GRPO step")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
+    """The `grpo` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
+    from jaxrl_hier.train import (check_resume_changes, is_primary, load_saved_config, log, progress_bar,
+                                  refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+
+    config = build_dataclass(GRPOConfig, raw_config, source=getattr(args, "config_source", "config")).resolved()
+    if algorithm == "sft" and config.sft_steps < 1:
+        raise ConfigError("algorithm: sft needs sft_steps >= 1.")
+    if args.resume:
+        out = args.output_dir
+        saved_raw = dict(load_saved_config(GRPOConfig, out).__dict__)
+        saved = GRPOConfig(**saved_raw).resolved()
+        check_resume_changes(saved, config, GRPO_RESUME_SAFE_KEYS)
+    else:
+        out = resolve_output_dir(args, f"{algorithm}-{config.task}")
+        refuse_existing_run(out)
+        if (out / "sft").exists():
+            raise ConfigError(f"{out} already holds an SFT stage (sft/): pass --resume, or choose another --output-dir.")
+    task, tokenizer = _task_and_tokenizer(config)
+    check_inputs(config, task, tokenizer)
+
+    import jax
+
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.llm import merge_lora, save_pretrained
+    from jaxrl_hier.llm_rl.grpo import make_train
+    from jaxrl_hier.llm_rl.model_setup import build_lora, build_mesh, build_policy
+    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+
+    mesh = build_mesh(config)
+    lm, tokenizer = build_policy(config, tokenizer, mesh=mesh)
+    sync_processes("jaxrl_hier.llm_rl:checked")
+    save_run_config(out / "config.yaml", algorithm, config)
+    t0 = time.perf_counter()
+    sft_info: dict = {}
+    if config.sft_steps:
+        lm, sft_info = run_sft_stage(config, args, out, lm, tokenizer, task, mesh)
+    if algorithm == "sft":
+        return 0
+
+    test = task.problems("test", config.eval_problems, config.seed)
+    lora = build_lora(config, lm, mesh)
+    trainer = make_train(config, lm, tokenizer, task, lora=lora)
+    state = trainer.init(jax.random.key(config.seed))
+    meta = {"stage": "grpo", "lora_rank": config.lora_rank, "loss_type": config.loss_type}
+    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
+    primary = is_primary()
+    writer = MetricsWriter(out, primary=primary)
+    samples_writer = MetricsWriter(out, primary=primary, filename="samples.jsonl")
+    start = 0
+    try:
+        if args.resume and ckpt.latest_step() is not None:
+            start = ckpt.latest_step()
+            state, _ = ckpt.restore(start, state, expect=meta)
+            log(f"GRPO resumed at step {start}")
+        writer.truncate_after(start)
+        samples_writer.truncate_after(start)
+        if start == 0:
+            ev = trainer.evaluate(state, test)
+            writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+        progress = progress_bar(args, config.total_steps, start, config.loss_type)
+        step = start
+        while step < config.total_steps:
+            state, metrics, samples = trainer.step(state)
+            step += 1
+            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+            if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
+                ev = trainer.evaluate(state, test)
+                rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+            if step % config.log_every == 0 or "eval/accuracy" in rec:
+                writer.write(rec)
+            if config.sample_log_count and step % config.log_every == 0:
+                for s in _sample_records(step, samples, metrics, tokenizer, config.sample_log_count, config,
+                                         trainer.rewards):
+                    samples_writer.write(s)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
+            if step == config.total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
+                ckpt.save(step, state, meta)
+        if progress is not None:
+            progress.close()
+    finally:
+        ckpt.close()
+        writer.close()
+        samples_writer.close()
+    params, adapter = trainer.params_and_lora(state)
+    if primary:
+        final = merge_lora(params, adapter)
+        save_pretrained(lm, final, out / "model")
+        from jaxrl_hier.tasks import save_tokenizer
+
+        save_tokenizer(tokenizer, out / "model")
+        records = read_jsonl(out / "metrics.jsonl")
+        plot_grpo_curve(records, out / "learning_curve.png", f"{config.loss_type} on {config.task}")
+        evals = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
+        log(f"done: {config.loss_type} {config.total_steps} steps in {time.perf_counter() - t0:.0f}s; held-out "
+            f"accuracy {evals[0] if evals else None} -> {evals[-1] if evals else None}"
+            + (f" (SFT model {sft_info.get('eval_accuracy')})" if sft_info else "") + f"; outputs in {out}")
+    return 0
+
+
+def run_sft(args: argparse.Namespace, raw_config: dict) -> int:
+    """The `sft` entry of ALGORITHMS: only the warm-start stage of a grpo config."""
+    return run_grpo(args, raw_config, algorithm="sft")
+
+
+__all__ = ["run_grpo", "run_sft", "check_inputs", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]

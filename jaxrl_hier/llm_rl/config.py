@@ -1,0 +1,162 @@
+"""`GRPOConfig`: one frozen config for an SFT warm-start followed by GRPO, DAPO or Dr.GRPO.
+
+`loss_type` picks the variant; the keys it implies (clip-higher, beta, reward scaling, dynamic
+sampling, overlong shaping) default to None and `resolved()` fills them in from the variant, so
+switching `loss_type: dapo` changes one key in the YAML and gets DAPO's recipe, while any key set
+explicitly wins. The saved `config.yaml` holds the resolved values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxrl_hier.config import ConfigError
+
+#: what each variant implies for the keys left at None (REFERENCE: GRPO, DAPO, Dr.GRPO)
+VARIANT_DEFAULTS = {
+    "grpo": dict(eps_high=None, beta=0.04, scale_rewards="group", dynamic_sampling=False, overlong_filter=False,
+                 overlong_buffer=0),
+    "dapo": dict(eps_high=0.28, beta=0.0, scale_rewards="group", dynamic_sampling=True, overlong_filter=True,
+                 overlong_buffer=-1),  # -1: a quarter of max_new_tokens
+    "dr_grpo": dict(eps_high=None, beta=0.0, scale_rewards="none", dynamic_sampling=False, overlong_filter=False,
+                    overlong_buffer=0),
+}
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    seed: int = 0
+
+    # ---- task (jaxrl_hier.tasks)
+    task: str = "arithmetic"
+    task_operators: str = "+-"
+    task_digits: int = 2
+    task_steps: int = 1
+    task_worked: bool = False
+    task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
+
+    # ---- model: a local Hugging Face directory, or a tiny Qwen2-shaped model built from scratch
+    model_path: str | None = None
+    model_hidden_size: int = 128
+    model_layers: int = 2
+    model_heads: int = 4
+    model_kv_heads: int = 2
+    model_intermediate_size: int = 352
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    lora_rank: int = 0  # 0 = full fine-tuning
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    mesh_data: int = 1
+    mesh_fsdp: int = -1
+    mesh_tensor: int = 1
+
+    # ---- supervised warm-start (0 steps = none)
+    sft_steps: int = 0
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 1e-3
+    sft_warmup_steps: int = 20
+    sft_lora: bool = False  # SFT the adapter only (needs lora_rank > 0)
+    sft_checkpoint_every: int = 100
+
+    # ---- GRPO
+    total_steps: int = 50
+    prompts_per_step: int = 16
+    num_generations: int = 8
+    max_prompt_length: int = 32
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    learning_rate: float = 1e-4
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    num_iterations: int = 1
+    micro_batch_size: int = 0  # 0: the whole batch in one pass
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
+    eps_low: float = 0.2
+    eps_high: float | None = None
+    beta: float | None = None
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    dynamic_sampling: bool | None = None
+    max_sampling_rounds: int = 4
+    overlong_filter: bool | None = None
+    overlong_buffer: int | None = None
+    overlong_penalty: float = 1.0
+    reward_correct: float = 1.0
+    reward_format: float = 0.1
+    jax_rewards: bool = True  # rewards from token ids on the device; false: the tasks' Python rewards
+    fused_step: bool = False  # sampling, rewards and update as one compiled program (no per-stage times)
+    # colocated: sampler and trainer share the arrays on every device; split: the server-style layout
+    # (generation on the first half of the devices, training on the second, weights copied every step)
+    placement: Literal["colocated", "split"] = "colocated"
+
+    # ---- evaluation, logging, checkpoints
+    eval_every: int = 10
+    eval_problems: int = 200
+    log_every: int = 1
+    sample_log_count: int = 4
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    def resolved(self) -> "GRPOConfig":
+        """The config with every variant-implied None filled in (see VARIANT_DEFAULTS)."""
+        d = VARIANT_DEFAULTS[self.loss_type]
+        fill = {k: d[k] for k in d if getattr(self, k) is None}
+        if fill.get("eps_high", 0) is None:
+            fill["eps_high"] = self.eps_low
+        out = dataclasses.replace(self, **fill)
+        if out.overlong_buffer == -1:
+            out = dataclasses.replace(out, overlong_buffer=max(1, self.max_new_tokens // 4))
+        return out
+
+    def validate(self) -> None:
+        def positive(*names: str) -> None:
+            for n in names:
+                if getattr(self, n) < 1:
+                    raise ConfigError(f"'{n}' must be >= 1, got {getattr(self, n)}.")
+
+        positive("total_steps", "prompts_per_step", "max_prompt_length", "max_new_tokens", "num_iterations",
+                 "eval_problems", "log_every", "sft_batch_size", "model_hidden_size", "model_layers", "model_heads",
+                 "model_kv_heads", "model_intermediate_size", "max_sampling_rounds", "keep_checkpoints")
+        if self.num_generations < 2:
+            raise ConfigError(f"num_generations must be >= 2 (a group needs two completions to compare), "
+                              f"got {self.num_generations}.")
+        if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
+            raise ConfigError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
+                              f"num_generations = {self.batch_size} (or be 0 for the whole batch).")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 for GRPO sampling, got {self.temperature}.")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}.")
+        for n in ("sft_steps", "sft_checkpoint_every", "warmup_steps", "eval_every", "checkpoint_every", "sample_log_count", "lora_rank"):
+            if getattr(self, n) < 0:
+                raise ConfigError(f"'{n}' must be >= 0, got {getattr(self, n)}.")
+        for n in ("learning_rate", "sft_learning_rate", "eps_low"):
+            if getattr(self, n) <= 0:
+                raise ConfigError(f"'{n}' must be > 0, got {getattr(self, n)}.")
+        if self.beta is not None and self.beta < 0:
+            raise ConfigError(f"beta must be >= 0, got {self.beta}.")
+        if self.placement == "split" and self.fused_step:
+            raise ConfigError("fused_step: true runs on one set of devices; it cannot be combined with placement: split.")
+        if self.sft_lora and self.lora_rank == 0:
+            raise ConfigError("sft_lora: true needs lora_rank > 0.")
+        if self.model_heads % self.model_kv_heads:
+            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
+        if self.task == "gsm8k" and not self.task_path:
+            raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
+        if self.checkpoint_every and self.checkpoint_every % self.log_every:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
+        if self.reward_correct < 0 or self.reward_format < 0 or self.overlong_penalty < 0:
+            raise ConfigError("reward_correct, reward_format and overlong_penalty must be >= 0.")
+
+
+__all__ = ["GRPOConfig", "VARIANT_DEFAULTS"]

@@ -1,0 +1,82 @@
+"""Text <-> token arrays for prompt/completion training, shared by SFT, GRPO and the later agents.
+
+Every sequence has one static layout: the prompt left-padded to `max_prompt_length`, then the
+completion right-padded to `max_new_tokens`:
+
+    [pad pad <bos> p1 .. pk | c1 c2 .. cm <eos> pad pad]
+     <---- max_prompt_length -><------ max_new_tokens ----->
+
+so teacher-forced log-probs of completion token i sit at entry `max_prompt_length - 1 + i` of
+`token_logprobs` ([B, T - 1], entry j scores token j + 1), whatever the prompt's length, and one
+compiled program serves every batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from jaxrl_hier.config import ConfigError
+
+
+class PromptBatch(NamedTuple):
+    ids: np.ndarray   # [B, max_prompt_length] int32, left-padded
+    mask: np.ndarray  # [B, max_prompt_length] int32
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int | None, int]:
+    """(pad, bos or None, eos) token ids; a tokenizer without pad or eos is refused."""
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError("the tokenizer has no eos_token: completions could never end. Set eos_token in its "
+                          "tokenizer_config.json.")
+    if pad is None:
+        pad = eos
+    return int(pad), (None if tokenizer.bos_token_id is None else int(tokenizer.bos_token_id)), int(eos)
+
+
+def _ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_length: int) -> PromptBatch:
+    """Left-padded prompt ids (with BOS when the tokenizer has one); a prompt too long is refused."""
+    pad, bos, _ = special_ids(tokenizer)
+    rows = [([bos] if bos is not None else []) + ids for ids in _ids(tokenizer, prompts)]
+    longest = max(len(r) for r in rows)
+    if longest > max_length:
+        raise ConfigError(f"a prompt has {longest} tokens but max_prompt_length is {max_length}; raise "
+                          "max_prompt_length or shorten the task's prompts.")
+    ids = np.full((len(rows), max_length), pad, np.int32)
+    mask = np.zeros((len(rows), max_length), np.int32)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, max_length - len(r):] = r
+            mask[i, max_length - len(r):] = 1
+    return PromptBatch(ids, mask)
+
+
+def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_tokens: int,
+                       add_eos: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
+    """Right-padded completion ids + EOS, their mask, and how many had to be truncated."""
+    pad, _, eos = special_ids(tokenizer)
+    ids = np.full((len(completions), max_new_tokens), pad, np.int32)
+    mask = np.zeros_like(ids)
+    truncated = 0
+    for i, row in enumerate(_ids(tokenizer, completions)):
+        row = row + ([eos] if add_eos else [])
+        if len(row) > max_new_tokens:
+            truncated += 1
+            row = row[:max_new_tokens]
+        ids[i, :len(row)] = row
+        mask[i, :len(row)] = 1
+    return ids, mask, truncated
+
+
+def completion_lengths(mask: Any) -> np.ndarray:
+    return np.asarray(mask).sum(axis=-1)
+
+
+__all__ = ["PromptBatch", "special_ids", "encode_prompts", "encode_completions",
+           "completion_lengths"]
