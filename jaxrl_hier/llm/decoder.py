@@ -166,9 +166,12 @@ def _embed(config: ModelConfig, params: Params, input_ids: jax.Array, positions:
 
 def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float, window: jax.Array,
            rope: tuple[jax.Array, jax.Array] | None, allowed: jax.Array, offsets: jax.Array,
-           kv: tuple[jax.Array, jax.Array] | None, cache_index: Any, mesh: Mesh | None
+           kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array, cache_index: Any, mesh: Mesh | None
            ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    `kv` is the whole stacked cache [L, B, S, kv_heads, D] (k, v): this layer writes its new keys
+    and values at (layer, :, cache_index) in place and reads its own slice back."""
     c = config
     b, t, _ = x.shape
     h = L.norm(x, p["attn_norm"], c)
@@ -180,12 +183,12 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
         k = L.rms_norm_heads(k, p["k_norm"]["scale"], c.norm_eps)
     if rope is not None:
         q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
-    new_kv = None
     if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
-        k_all = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), cache_index, axis=1)
-        v_all = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), cache_index, axis=1)
-        new_kv = (k_all, v_all)
-        k, v = k_all.astype(q.dtype), v_all.astype(q.dtype)
+        zero = jnp.zeros((), jnp.int32)
+        start = (layer, zero, cache_index, zero, zero)
+        kv = tuple(jax.lax.dynamic_update_slice(full, new[None].astype(full.dtype), start)
+                   for full, new in zip(kv, (k, v)))
+        k, v = (jax.lax.dynamic_index_in_dim(full, layer, 0, keepdims=False).astype(q.dtype) for full in kv)
     # sliding window (0 = none): a query at slot i sees slot j only when i - j < window
     allowed = allowed & ((window == 0) | (offsets < window))[None]
     scale_qk = c.head_dim**-0.5 if c.scale_attn else 1.0
@@ -198,7 +201,7 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     else:
         up = L.activation(up, c.activation)
     x = sharding.constrain_batch(x + L.dense(up, p["down_proj"], lora.get("down_proj"), scale), mesh)
-    return x, new_kv
+    return x, kv
 
 
 def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
@@ -229,16 +232,18 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
     scale = lora.scale if lora is not None else 1.0
     windows = jnp.asarray(config.windows, jnp.int32)
 
-    def body(x, xs):
-        p, lp, window, kv = xs
-        x, new_kv = _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, cache_index, mesh)
-        return x, new_kv
+    def body(carry, xs):
+        # the cache rides in the carry (not as scanned xs/ys), so each layer updates it in place
+        # instead of slicing out and stacking back a copy of the whole cache every call
+        x, kv = carry
+        p, lp, window, layer = xs
+        return _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, layer, cache_index, mesh), None
 
-    kv_xs = None if cache is None else (cache.k, cache.v)
-    x, new_kv = jax.lax.scan(body, x, (params["layers"], lora_layers, windows, kv_xs))
+    kv0 = None if cache is None else (cache.k, cache.v)
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))
     x = L.norm(x, params["final_norm"], config)
-    new_cache = None if cache is None else KVCache(*new_kv)
-    return x, new_cache
+    return x, (None if cache is None else KVCache(*kv))
 
 
 def lm_head(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:
