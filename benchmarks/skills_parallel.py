@@ -5,9 +5,10 @@ Skills: `wood_j` = "inventory.wood >= j" for j = 1..K (no dependencies, so any K
 together; every supported env has the quantity). Per K:
 - `one`: one skill alone, `--rounds` rounds of `--updates` PPO updates;
 - `parallel`: K skills in K slots, the same rounds (so K times the env steps of `one`);
-- `sequential`: the K skills one after another in a single slot (K x rounds).
-Compile time is recorded apart (first round of each program). The project's GPU target:
-parallel(K=4) <= 1.5 x one.
+- `sequential`: the K skills one after another in a single slot (K x rounds);
+- `idle` (K > 1): one skill in a K-slot trainer whose other K - 1 slots are idle (should cost `one`).
+Compile time is recorded apart (first round of each program); a round includes the trainer's
+greedy evaluation where it has one. The project's GPU target: parallel(K=4) <= 1.5 x one.
 
     python benchmarks/skills_parallel.py --out benchmarks/results/cpu [--env TechTree-v0] [--k 1 2 4]
 
@@ -79,9 +80,16 @@ def run_k(args, k: int) -> dict:
            "parallel_over_one": par_s / one_s, "sequential_over_parallel": seq_s / par_s,
            "compile_parallel_s": par_compile, "compile_one_s": seq_compile,
            "parallel_steps_per_s": k * steps / par_s, "one_steps_per_s": steps / one_s}
+    if k > 1 and not args.no_idle:  # one skill, K - 1 idle slots
+        idle = trainer_for(args, k, library)
+        idle.init(jax.random.key(0))
+        idle.start({0: "wood_1"}, library, {}, jax.random.key(1))
+        idle.train_round()
+        rec["idle_s"] = timed_rounds(idle, args.rounds)
+        rec["idle_over_one"] = rec["idle_s"] / one_s
     print(f"K={k}: one {one_s:.2f} s, parallel {par_s:.2f} s ({rec['parallel_over_one']:.2f}x one), sequential "
-          f"{seq_s:.2f} s (parallel is {rec['sequential_over_parallel']:.2f}x faster); compile {par_compile:.1f} s",
-          flush=True)
+          f"{seq_s:.2f} s (parallel is {rec['sequential_over_parallel']:.2f}x faster); compile {par_compile:.1f} s"
+          + (f"; one skill with {k - 1} idle slots {rec['idle_s']:.2f} s" if "idle_s" in rec else ""), flush=True)
     return rec
 
 
@@ -95,6 +103,9 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ks, [r["sequential_s"] for r in records], "s-", label="K skills one after another")
     ax.plot(ks, [r["parallel_s"] for r in records], "o-", label="K skills at once (one program)")
+    idle = [(r["k"], r["idle_s"]) for r in records if "idle_s" in r]
+    if idle:
+        ax.plot([k for k, _ in idle], [t for _, t in idle], "^--", label="1 skill, K - 1 idle slots")
     ax.plot(ks, [1.5 * r["one_s"] for r in records], "k:", label="1.5 x one skill (GPU target)")
     ax.set(xlabel="K independent skills", ylabel="seconds (same updates per skill)", title=title)
     ax.set_xticks(ks)
@@ -116,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-minibatches", type=int, default=8)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--no-idle", action="store_true", help="skip the idle-slots measurement")
     args = p.parse_args(argv)
     if min(args.k) < 1:
         print("error: --k values must be >= 1", file=sys.stderr)

@@ -80,8 +80,12 @@ class SkillTrainer:
         self._obs_dim = int(np.prod(base.observation_space(base_params).shape))
         self.eval_steps = ppo_config.num_steps * config.updates_per_round
         self._eval = jax.jit(jax.vmap(self._greedy_eval, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
+        # Jitted once here: a jax.jit made inside a method call is a new function each time, and
+        # compiles again on every skill start (minutes on a loaded 2-core CPU).
         self._select = jax.jit(_select, static_argnums=2)
         self._merge = jax.jit(_merge)
+        self._swap = jax.jit(_swap_in)
+        self._init_slots = jax.jit(jax.vmap(self.ppo._init_one))  # as PPO.init_per_seed, compiled once
 
     @property
     def quantity_names(self) -> tuple[str, ...]:
@@ -106,7 +110,8 @@ class SkillTrainer:
         env_params = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[p for p, _ in inputs])
         extra = jax.tree.map(lambda *xs: jnp.stack(xs), *[e for _, e in inputs])
         keys = jax.random.split(key, self.slots)
-        return self.ppo.init_per_seed(keys, extra, env_params)
+        fresh = self._init_slots(keys, extra, env_params)  # on one device, then laid out (see init_per_seed)
+        return jax.device_put(fresh, self.ppo.shardings(fresh))
 
     def init(self, key: jax.Array) -> None:
         """All slots idle."""
@@ -120,7 +125,7 @@ class SkillTrainer:
                   for i in range(self.slots)]
         fresh = self._fresh(inputs, key)
         take = jnp.array([i in slots for i in range(self.slots)])
-        self.runner = _swap_in(self.runner, fresh, take, self.ppo.shardings(self.runner))
+        self.runner = jax.device_put(self._swap(self.runner, fresh, take), self.ppo.shardings(self.runner))
 
     def active_slots(self) -> list[int]:
         """Slots that hold a skill (read from the runner, so it holds after a restore too)."""
@@ -230,11 +235,11 @@ def _merge(runner: Any, sub: Any, idx: jax.Array) -> Any:
                              for f in ("train_state", "env_state", "obs", "key", "update")})
 
 
-def _swap_in(old: Any, new: Any, take: jax.Array, shardings: Any) -> Any:
+def _swap_in(old: Any, new: Any, take: jax.Array) -> Any:
     def pick(a, b):
         return jnp.where(take.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
 
-    return jax.jit(lambda a, b: jax.tree.map(pick, a, b), out_shardings=shardings)(old, new)
+    return jax.tree.map(pick, old, new)
 
 
 # ---------------------------------------------------------------------------- experts on disk
