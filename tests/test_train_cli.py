@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
     [
         (["env=NoSuchEnv-v0"], ["unknown environment", "CartPole"]),
         (["num_envz=8"], ["unknown config key 'num_envz'", "Did you mean 'num_envs'"]),
-        (["num_envs=100", "num_minibatches=8"], ["num_envs (100) must be divisible by num_minibatches (8)"]),
+        (["num_steps=12", "num_minibatches=8"], ["num_steps (12) must be divisible by num_minibatches (8)"]),
         (["num_envs=0"], ["'num_envs' must be positive"]),
         (["num_steps=-4"], ["'num_steps' must be positive"]),
         (["num_envs=abc"], ["'num_envs' must be an integer"]),
@@ -71,6 +71,7 @@ def test_happy_path_writes_every_output(tmp_path, capsys):
     import yaml
 
     config = yaml.safe_load((out / "config.yaml").read_text())
+    assert next(iter(config)) == "algorithm" and config["algorithm"] == "ppo"
     assert config["env"] == "CartPole-v1" and config["num_envs"] == 16 and config["log_every"] == 2
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in lines] == [2, 4, 6]
@@ -91,3 +92,143 @@ def test_missing_logging_package_is_clear(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert main(["--output-dir", str(tmp_path), "wandb=true"]) == 2
     assert "wandb=true needs the wandb package: pip install -e '.[wandb]'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- resume safety, dispatch
+
+
+def make_run_dir(path: Path, **changes) -> Path:
+    """A run directory as a finished fresh run leaves it (config.yaml, metrics.jsonl), without compiling."""
+    from jaxrl_hier.algorithms.ppo import PPOConfig
+    from jaxrl_hier.config import load_config
+    from jaxrl_hier.train import save_run_config
+
+    config = load_config(PPOConfig, ROOT / "configs" / "ppo_cartpole.yaml", changes)
+    save_run_config(path / "config.yaml", "ppo", config)
+    (path / "metrics.jsonl").write_text('{"update": 10, "env_steps": 20480}\n')
+    return path
+
+
+@pytest.mark.parametrize("override", ["total_timesteps=400000", "num_minibatches=2", "update_epochs=2", "seed=3"])
+def test_unsafe_resume_override_exits_2_and_leaves_config_untouched(tmp_path, capsys, override):
+    from jaxrl_hier.train import PPO_RESUME_SAFE_KEYS
+
+    run = make_run_dir(tmp_path / "run")
+    before = (run / "config.yaml").read_bytes()
+    assert main(["--resume", "--output-dir", str(run), "log_every=5", override]) == 2
+    err = capsys.readouterr().err
+    key = override.split("=")[0]
+    assert err.startswith(f"error: cannot change '{key}' on --resume"), err
+    assert "Keys a resume may change: " + ", ".join(PPO_RESUME_SAFE_KEYS) in err
+    assert (run / "config.yaml").read_bytes() == before  # the refused value never reaches the disk
+    assert (run / "metrics.jsonl").read_text() == '{"update": 10, "env_steps": 20480}\n'
+
+
+def test_resume_safe_keys_are_logging_only():
+    from jaxrl_hier.algorithms.ppo import PPOConfig
+    from jaxrl_hier.train import PPO_RESUME_SAFE_KEYS
+
+    fields = {f.name for f in __import__("dataclasses").fields(PPOConfig)}
+    assert set(PPO_RESUME_SAFE_KEYS) <= fields
+    for key in ("total_timesteps", "num_minibatches", "update_epochs", "lr", "anneal_lr", "num_envs", "num_steps",
+                "seed", "env", "env_shards", "num_devices"):
+        assert key not in PPO_RESUME_SAFE_KEYS
+
+
+def test_resume_rejects_changed_config_file(tmp_path, capsys):
+    run = make_run_dir(tmp_path / "run")
+    other = tmp_path / "other.yaml"
+    other.write_text((run / "config.yaml").read_text().replace("lr: 0.0025", "lr: 0.001"))
+    assert main(["--resume", "--output-dir", str(run), "--config", str(other)]) == 2
+    assert "cannot change 'lr' on --resume (0.0025 in the run, 0.001 asked)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("existing", ["metrics.jsonl", "config.yaml"])
+def test_fresh_run_over_an_earlier_run_is_refused(tmp_path, capsys, existing):
+    (tmp_path / existing).write_text('{"update": 1}\n')
+    assert main(["--output-dir", str(tmp_path), "env=CartPole-v1"]) == 2
+    err = capsys.readouterr().err
+    assert f"already holds an earlier run ({existing})" in err and "pass --resume" in err
+    assert (tmp_path / existing).read_text() == '{"update": 1}\n'  # not appended to
+    assert sorted(p.name for p in tmp_path.iterdir()) == [existing]
+
+
+def test_unknown_algorithm_exits_2(tmp_path, capsys):
+    assert main(["--output-dir", str(tmp_path / "run"), "algorithm=ppoo"]) == 2
+    err = capsys.readouterr().err
+    from jaxrl_hier.train import ALGORITHMS
+
+    assert f"unknown algorithm 'ppoo'. Did you mean 'ppo'? Known algorithms: {', '.join(sorted(ALGORITHMS))}." in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_algorithm_cannot_change_on_resume(tmp_path, capsys, monkeypatch):
+    import jaxrl_hier.train as train
+
+    monkeypatch.setitem(train.ALGORITHMS, "other", "jaxrl_hier.train:run_ppo")
+    run = make_run_dir(tmp_path / "run")
+    assert main(["--resume", "--output-dir", str(run), "algorithm=other"]) == 2
+    assert "cannot change 'algorithm' on --resume" in capsys.readouterr().err
+
+
+def test_dispatch_goes_through_the_registry(tmp_path, monkeypatch):
+    import jaxrl_hier.train as train
+
+    seen = {}
+
+    def fake(args, raw):  # the contract a later algorithm implements
+        seen.update(raw=raw, output_dir=args.output_dir, source=args.config_source)
+        return 7
+
+    monkeypatch.setattr(train, "_test_algorithm", fake, raising=False)
+    monkeypatch.setitem(train.ALGORITHMS, "fake", "jaxrl_hier.train:_test_algorithm")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algorithm: fake\nlr: 0.5\n")
+    assert main(["--config", str(cfg), "--output-dir", str(tmp_path / "o"), "steps=3"]) == 7
+    assert seen == {"raw": {"lr": 0.5, "steps": 3}, "output_dir": tmp_path / "o", "source": str(cfg)}
+
+
+def test_distributed_env_vars_must_be_integers(capsys, monkeypatch):
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    assert main(["--distributed", "env=CartPole-v1"]) == 2
+    assert "JAX_NUM_PROCESSES must be an integer, got 'two'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- atomic writes, GIF
+
+
+def test_atomic_writer_replaces_whole_files_only(tmp_path):
+    from jaxrl_hier.io import atomic_writer
+
+    target = tmp_path / "f.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_writer(target, "w") as f:
+            f.write("half")
+            raise RuntimeError("crash mid-write")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    with atomic_writer(target, "w") as f:
+        f.write("new")
+    assert target.read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    assert target.stat().st_mode & 0o777 == 0o644
+
+
+def test_episode_gif_frames_are_scaled_and_captioned():
+    import numpy as np
+
+    from jaxrl_hier.logging.episode_gif import annotate_frames
+
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (3, 144, 144, 3), dtype=np.uint8)
+    names = [[], ["collect_wood"], ["collect_wood", "place_table"]]
+    out = annotate_frames(frames, names, scale=4)
+    assert out.dtype == np.uint8 and out.shape[0] == 3 and out.shape[2] == 576 and out.shape[1] > 576
+    # Nearest neighbour: every source pixel becomes a 4x4 block.
+    np.testing.assert_array_equal(out[:, :576:4, ::4], frames)
+    np.testing.assert_array_equal(out[:, 1:576:4, 3::4], frames)
+    strips = out[:, 576:]
+    assert (strips != strips[0, -1, -1]).any(axis=(1, 2, 3)).all()  # text drawn on every strip
+    assert not np.array_equal(strips[0], strips[1]) and not np.array_equal(strips[1], strips[2])
+    np.testing.assert_array_equal(annotate_frames(frames, None, scale=2), frames.repeat(2, 1).repeat(2, 2))
+    with pytest.raises(ValueError, match="3 frames but 2 achievement lists"):
+        annotate_frames(frames, names[:2])
