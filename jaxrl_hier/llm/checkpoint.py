@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.io import atomic_write_json, atomic_writer
 from jaxrl_hier.llm import decoder, encoder, sharding
 from jaxrl_hier.llm.lora import Lora, merge_lora
 from jaxrl_hier.llm.model_config import SUPPORTED_MODEL_TYPES, ModelConfig
@@ -340,14 +339,28 @@ def _gather(flat: dict[str, Any], sources: dict[str, Source], parts: list[tuple[
     arrays = []
     for path, layer, _ in parts:
         leaf = flat[path][layer] if layer is not None else flat[path]
-        arr = np.asarray(jax.device_get(leaf))
+        arr = _host_value(leaf)
         arrays.append(arr.T if sources[path].transpose else arr)
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
 
 
+def _host_value(leaf: Any) -> np.ndarray:
+    """The whole value of `leaf` on this host. A leaf with shards on other processes is
+    all-gathered: a collective, so every process calls this for the same leaves in the same order."""
+    if getattr(leaf, "is_fully_addressable", True):
+        return np.asarray(jax.device_get(leaf))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+
+
 def _write_safetensors(path: Path, names: list[str], shapes: dict[str, tuple[int, ...]], dtypes: dict[str, Any],
                        produce: Any) -> None:
-    """Stream tensors into a safetensors file: header from the shapes, then each tensor in turn."""
+    """Stream tensors into a safetensors file: header from the shapes, then each tensor in turn.
+
+    Process 0 writes (atomically, through jaxrl_hier.io.atomic_writer); the other processes of a
+    multi-process run still produce every tensor, since producing one may be a collective gather.
+    """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name in names:
@@ -357,25 +370,19 @@ def _write_safetensors(path: Path, names: list[str], shapes: dict[str, tuple[int
         offset += nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data section starts 8-byte aligned
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(blob)))
-            f.write(blob)
-            for name in names:
-                arr = np.ascontiguousarray(produce(name))
-                if arr.shape != tuple(shapes[name]) or arr.dtype != np.dtype(dtypes[name]):
-                    raise RuntimeError(f"{name}: produced {arr.shape} {arr.dtype}, header says "
-                                       f"{shapes[name]} {dtypes[name]}")
-                f.write(arr.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    if jax.process_index() != 0:
+        for name in names:
+            produce(name)
+        return
+    with atomic_writer(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for name in names:
+            arr = np.ascontiguousarray(produce(name))
+            if arr.shape != tuple(shapes[name]) or arr.dtype != np.dtype(dtypes[name]):
+                raise RuntimeError(f"{name}: produced {arr.shape} {arr.dtype}, header says "
+                                   f"{shapes[name]} {dtypes[name]}")
+            f.write(arr.tobytes())
 
 
 def _tensor_meta(flat: dict[str, Any], sources: dict[str, Source], parts: list[tuple[str, Any]]
@@ -394,6 +401,8 @@ def save_pretrained(model: LanguageModel | EncoderModel, params: dict[str, Any] 
 
     Tied models write no lm_head (transformers ties it on load). The tensors are streamed one at
     a time from the devices into model.safetensors; config.json follows the model's HF config.
+    In a multi-process run every process calls this (shards on other processes are all-gathered)
+    and process 0 writes the files; all return once they are complete.
     """
     if model.hf_config is None:
         raise ConfigError("this model has no HF config to write; build it with load_pretrained or .random(hf_config).")
@@ -408,15 +417,20 @@ def save_pretrained(model: LanguageModel | EncoderModel, params: dict[str, Any] 
     meta = {n: _tensor_meta(flat, sources, pieces[n]) for n in names}
     _write_safetensors(root / SINGLE_FILE, names, {n: m[0] for n, m in meta.items()},
                        {n: m[1] for n, m in meta.items()}, lambda n: _gather(flat, sources, pieces[n]))
-    stale = root / INDEX_FILE  # a sharded index left from an earlier save would shadow the new file
-    if stale.exists():
-        stale.unlink()
-    cfg = json.loads(model.hf_config.to_json_string(use_diff=False))
-    cfg["architectures"] = cfg.get("architectures") or [HF_ARCHITECTURES[model.config.model_type]]
-    cfg["dtype"] = jnp.dtype(meta[names[0]][1]).name
-    atomic_write_json(root / "config.json", cfg)
-    if save_tokenizer and model.tokenizer is not None:
-        model.tokenizer.save_pretrained(str(root))
+    if jax.process_index() == 0:  # in a multi-process run, process 0 alone writes the files
+        stale = root / INDEX_FILE  # a sharded index left from an earlier save would shadow the new file
+        if stale.exists():
+            stale.unlink()
+        cfg = json.loads(model.hf_config.to_json_string(use_diff=False))
+        cfg["architectures"] = cfg.get("architectures") or [HF_ARCHITECTURES[model.config.model_type]]
+        cfg["dtype"] = jnp.dtype(meta[names[0]][1]).name
+        atomic_write_json(root / "config.json", cfg)
+        if save_tokenizer and model.tokenizer is not None:
+            model.tokenizer.save_pretrained(str(root))
+    if jax.process_count() > 1:  # no process returns before the checkpoint is complete on disk
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"jaxrl_hier.save_pretrained:{root}")
     return root
 
 
