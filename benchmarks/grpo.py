@@ -305,22 +305,57 @@ def bench_tunix(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, b
 
 
 def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
-               warmup: int, settings: Settings = Settings()) -> dict:
-    """jaxrl_hier's co-located GRPO on the same checkpoint and prompts.
+               warmup: int, settings: Settings = Settings(), placement: str = "colocated") -> dict:
+    """jaxrl_hier's co-located GRPO (`jaxrl_hier.llm_rl.grpo`) on the same checkpoint and prompts.
 
-    Contract (what the harness reads): `prompts` are the texts without BOS (Tunix's sampler puts BOS first,
-    TRL gets the BOS text: prepend `tokenizer.bos_token_id` too, 12 prompt tokens, none padded); call
-    `reward_fn(prompts, completions)` with the decoded completion texts of every step (it checks their lengths: 32 per completion, 32 completions per step); run
-    warmup + steps + 1 steps, reading `clock()` at the start of each, and return
-    dict(startup_s=..., **step_intervals(starts, warmup, steps), versions={...}) plus any extra facts
-    (e.g. ref_model, fused_step)."""
-    raise NotImplementedError("filled by the lead")
+    The sampler and the optimiser read the same parameter arrays; the step is generation (the
+    traceable sampling core, special tokens suppressed so every completion has 32 tokens), the
+    harness's Python reward on the decoded texts, group advantages, and one update (old log-probs
+    from the sampler; the reference forward only when beta > 0). Prompts get BOS first, as the
+    peers' (12 tokens, none padded)."""
+    t0 = time.perf_counter()
+    import jax
+
+    import jaxrl_hier  # noqa: F401  (XLA CPU flags)
+    from jaxrl_hier.llm import load_pretrained
+    from jaxrl_hier.llm_rl.config import GRPOConfig
+    from jaxrl_hier.llm_rl.grpo import make_train
+    from jaxrl_hier.tasks import Problem
+
+    lm = load_pretrained(ckpt_dir)
+    tok = lm.tokenizer
+    prompt_len = 1 + max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    config = GRPOConfig(prompts_per_step=len(prompts), num_generations=settings.num_generations,
+                        max_prompt_length=prompt_len, max_new_tokens=settings.new_tokens,
+                        temperature=settings.temperature, learning_rate=settings.learning_rate,
+                        max_grad_norm=settings.max_grad_norm, beta=beta, loss_type="grpo", scale_rewards="group",
+                        num_iterations=1, jax_rewards=False, suppress_tokens=tuple(special_ids(tok)),
+                        seed=settings.seed, placement=placement, eval_every=0)
+    problems = [Problem(prompt=p, answer="0", target="") for p in prompts]
+    trainer = make_train(config, lm, tok, None,
+                         reward_fn=lambda probs, texts: reward_fn([p.prompt for p in probs], texts))
+    state = trainer.init(jax.random.key(settings.seed))
+    startup = time.perf_counter() - t0
+    starts: list[tuple[float, float]] = []
+    split_s = {"time/generation": [], "time/scoring": [], "time/update": []}
+    for _ in range(warmup + steps + 1):
+        starts.append(clock())
+        state, metrics, _ = trainer.step(state, problems)
+        for k in split_s:
+            split_s[k].append(metrics[k])
+    jax.block_until_ready(state)
+    timed = slice(warmup, warmup + steps)
+    return dict(startup_s=startup, **step_intervals(starts, warmup, steps),
+                versions={k: metadata.version(k) for k in ("jax", "jaxlib", "flax", "optax")},
+                ref_model=trainer.ref_params is not None, placement=placement, devices=len(jax.devices()),
+                median_stage_s={k.split("/")[1]: statistics.median(v[timed]) for k, v in split_s.items()})
 
 
 def bench_split(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
                 warmup: int, settings: Settings = Settings()) -> dict:
-    """jaxrl_hier's GRPO with sampling and training split apart (same contract as `bench_ours`)."""
-    raise NotImplementedError("filled by the lead")
+    """The server-style layout: generation on half of the devices, training on the other half, the
+    weights copied to the generator every step (same contract as `bench_ours`)."""
+    return bench_ours(ckpt_dir, prompts, reward_fn, beta, steps, warmup, settings, placement="split")
 
 
 BENCHES: dict[str, Callable[..., dict]] = {"trl": bench_trl, "tunix": bench_tunix, "ours": bench_ours,
@@ -381,7 +416,7 @@ def versions() -> dict:
     return out
 
 
-def worker_env(threads: int) -> dict:
+def worker_env(threads: int, system: str = "") -> dict:
     """One environment for every worker: the same thread limits for torch (OpenMP) and both JAX systems.
     OpenMP threads wait passively unless OMP_WAIT_POLICY says otherwise: on a CPU shared with other jobs,
     torch's spinning waits made generation ~10x slower (38 s instead of 3 s for 32 x 32 tokens here)."""
@@ -389,6 +424,8 @@ def worker_env(threads: int) -> dict:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    if system == "split":  # two CPU devices: one samples, one trains
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
     return env
 
 
@@ -401,7 +438,7 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
            "--ckpt", str(ckpt_dir), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads), "--result", str(result_path)]
     print(f"[{system} beta={beta}] running ...", flush=True)
-    proc = subprocess.run(cmd, env=worker_env(args.threads), cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=worker_env(args.threads, system), cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")

@@ -69,6 +69,7 @@ class GRPOConfig:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
+    suppress_tokens: tuple[int, ...] = ()  # token ids never sampled (e.g. every special token: fixed-length completions)
     learning_rate: float = 1e-4
     warmup_steps: int = 0
     max_grad_norm: float = 1.0

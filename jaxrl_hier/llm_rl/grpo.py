@@ -75,13 +75,13 @@ class GRPO:
     """The trainer: holds the model, task and compiled stages; `init`, `step`, `evaluate`, `__call__`."""
 
     def __init__(self, config: GRPOConfig, lm: Any, tokenizer: Any, task: Any, *, base_params: Any = None,
-                 lora: Lora | None = None, ref_params: Any = None) -> None:
+                 lora: Lora | None = None, ref_params: Any = None, reward_fn: Any = None) -> None:
         self.config = c = config.resolved()
         self.lm, self.tokenizer, self.task = lm, tokenizer, task
         self.base_params = lm.params if base_params is None else base_params
         self.initial_lora = lora
         self.pad_id, _, self.eos_id = special_ids(tokenizer)
-        self.rewards: RewardSpec = make_reward_spec(c, task, tokenizer)
+        self.rewards: RewardSpec = make_reward_spec(c, task, tokenizer, reward_fn)
         self.gen_lm = lm
         if c.placement == "split":
             self._split_devices()
@@ -153,7 +153,7 @@ class GRPO:
         return sample_groups(lm, params, lora, prompt_ids, prompt_mask, key, num_generations=c.num_generations,
                              max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k,
                              top_p=c.top_p, eos_id=self.eos_id, pad_id=self.pad_id,
-                             suppress_tokens=self.rewards.suppress_tokens)
+                             suppress_tokens=c.suppress_tokens)
 
     def _score_impl(self, rollout: Rollout, answer_ids: jax.Array) -> tuple[jax.Array, dict]:
         """Rewards from token ids on the device: total [B] and the per-function parts."""
@@ -177,7 +177,7 @@ class GRPO:
         params, lora = policy_parts(trainable, base)
         logp, entropy = completion_logprobs(self.lm, params, lora, mb.prompt_ids, mb.prompt_mask, mb.tokens,
                                             mb.loss_mask > 0, temperature=c.temperature, top_k=c.top_k,
-                                            top_p=c.top_p, return_entropy=True)
+                                            top_p=c.top_p, suppress_tokens=c.suppress_tokens, return_entropy=True)
         parts = losses.policy_loss(logp, mb.old_logprobs, mb.advantages, weights, eps_low=c.eps_low,
                                    eps_high=c.eps_high, beta=c.beta, ref_logp=ref_logp, kl_estimator=c.kl_estimator)
         w = jax.lax.stop_gradient(weights)
@@ -189,7 +189,8 @@ class GRPO:
             return None
         ref_params = ref if ref is not None else base  # LoRA: the base with the adapter off
         out = completion_logprobs(self.lm, ref_params, None, batch.prompt_ids, batch.prompt_mask, batch.tokens,
-                                  batch.loss_mask > 0, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+                                  batch.loss_mask > 0, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                                  suppress_tokens=c.suppress_tokens)
         return jax.lax.stop_gradient(out)
 
     def _update_impl(self, state: GRPOState, base: Any, ref: Any, batch: UpdateBatch) -> tuple[GRPOState, dict]:
@@ -272,12 +273,13 @@ class GRPO:
         total, parts = self.rewards.py_fn(rep, texts, before_eos)
         return jax.device_put(np.asarray(total, np.float32)), {k: jax.device_put(np.asarray(v, np.float32)) for k, v in parts.items()}
 
-    def _sample_and_score(self, state: GRPOState, step: int, round_: int, key: jax.Array):
-        problems = self.problems_for(step, round_)
+    def _sample_and_score(self, state: GRPOState, step: int, round_: int, key: jax.Array, problems: Any = None):
+        problems = self.problems_for(step, round_) if problems is None else problems
         ids, mask, answers = self.encode(problems)
         t0 = time.perf_counter()
         if self.config.placement == "split":  # copy the weights to the generator, the rollout back
             trainable, base = self._to_generator(state.trainable), self._to_generator(self._base_arg)
+            key = jax.device_put(key, jax.sharding.NamedSharding(self.gen_mesh, jax.sharding.PartitionSpec()))
             rollout = self._rollout(trainable, base, ids, mask, key)
             rollout, answers = self._to_trainer(rollout), self._to_trainer(answers)
         else:
@@ -290,12 +292,14 @@ class GRPO:
             total, parts = self._host_rewards(problems, rollout)
         return problems, rollout, total, parts, t1 - t0, time.perf_counter() - t1
 
-    def step(self, state: GRPOState) -> tuple[GRPOState, dict, dict]:
-        """One GRPO step; returns the new state, scalar metrics, and the rollout's problems/texts for logging."""
+    def step(self, state: GRPOState, problems: Sequence[Any] | None = None) -> tuple[GRPOState, dict, dict]:
+        """One GRPO step; returns the new state, scalar metrics, and the rollout's problems/texts for logging.
+
+        `problems` (prompts_per_step of them) replaces the step's draw from the task's train split."""
         c = self.config
         step = int(jax.device_get(state.step))
         if c.fused_step and c.jax_rewards and not c.dynamic_sampling:
-            problems = self.problems_for(step)
+            problems = self.problems_for(step) if problems is None else problems
             ids, mask, answers = self.encode(problems)
             t0 = time.perf_counter()
             state, metrics, rollout = self._fused(state, self._base_arg, self.ref_params, ids, mask, answers)
@@ -308,7 +312,7 @@ class GRPO:
         state = state.replace(key=key)
         gen_s = score_s = 0.0
         if not c.dynamic_sampling:
-            problems, rollout, total, parts, g, s = self._sample_and_score(state, step, 0, sub)
+            problems, rollout, total, parts, g, s = self._sample_and_score(state, step, 0, sub, problems)
             gen_s, score_s = g, s
             row_valid = None  # every row real (made inside the compiled batch step)
             dropped = 0.0
@@ -437,12 +441,15 @@ def evaluate_policy(lm: Any, params: Any, lora: Lora | None, tokenizer: Any, tas
 
 
 def make_train(config: GRPOConfig, lm: Any, tokenizer: Any, task: Any, *, lora: Lora | None = None,
-               ref_params: Any = None) -> GRPO:
-    """Build the trainer (nothing compiles until the first step)."""
+               ref_params: Any = None, reward_fn: Any = None) -> GRPO:
+    """Build the trainer (nothing compiles until the first step).
+
+    `reward_fn(problems, completion_texts) -> [B] floats` replaces the task's rewards (host path,
+    `jax_rewards: false`), as TRL's reward functions do."""
     if lm.config.vocab_size < len(tokenizer):
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary is "
                           f"{lm.config.vocab_size}; use the tokenizer the model was trained with.")
-    return GRPO(config, lm, tokenizer, task, lora=lora, ref_params=ref_params)
+    return GRPO(config, lm, tokenizer, task, lora=lora, ref_params=ref_params, reward_fn=reward_fn)
 
 
 __all__ = ["GRPO", "GRPOState", "UpdateBatch", "make_train", "evaluate_policy"]

@@ -36,7 +36,7 @@ class RewardSpec:
     overlong_penalty: float
     token_spec: Any = None  # jax_rewards.AnswerTokenSpec when the device path is used
     answer_width: int = 16
-    suppress_tokens: tuple[int, ...] = ()
+    custom: Any = None  # reward_fn(problems, texts) -> [B] floats, replacing the task's rewards (host path)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -63,6 +63,9 @@ class RewardSpec:
     def py_fn(self, problems: Sequence[Any], texts: Sequence[str], lengths: np.ndarray) -> tuple[np.ndarray, dict]:
         """total [B] and the parts, from decoded text (NaN parts count as 0 in the total); `lengths`
         are the completions' token counts before EOS."""
+        if self.custom is not None:
+            total = np.asarray(self.custom(problems, list(texts)), np.float32)
+            return total, {"custom": total}
         combined = CombinedReward([correctness_reward(self.task), format_reward(self.task, value=1.0)],
                                   [self.weights["correct"], self.weights["format"]], ["correct", "format"])
         total, parts = combined(problems, texts)
@@ -73,12 +76,15 @@ class RewardSpec:
         return np.asarray(total, np.float32), parts
 
 
-def make_reward_spec(config: Any, task: Any, tokenizer: Any) -> RewardSpec:
-    """The run's rewards; the device path is refused (ConfigError) for tasks or tokenizers it cannot judge."""
+def make_reward_spec(config: Any, task: Any, tokenizer: Any, reward_fn: Any = None) -> RewardSpec:
+    """The run's rewards; the device path is refused (ConfigError) for tasks or tokenizers it cannot judge.
+    `reward_fn(problems, texts)` replaces the task's rewards by any Python function (host path)."""
     spec = RewardSpec(task=task, tokenizer=tokenizer,
                       weights={"correct": float(config.reward_correct), "format": float(config.reward_format)},
                       max_new_tokens=config.max_new_tokens, overlong_buffer=int(config.overlong_buffer or 0),
-                      overlong_penalty=float(config.overlong_penalty))
+                      overlong_penalty=float(config.overlong_penalty), custom=reward_fn)
+    if reward_fn is not None and config.jax_rewards:
+        raise ConfigError("a custom reward_fn runs on the host: set jax_rewards: false.")
     if config.jax_rewards:
         if not getattr(task, "answer_checkable_on_device", False):
             raise ConfigError(f"task {task.name!r} cannot be judged from its answer line alone; set "

@@ -40,18 +40,19 @@ def sample_groups(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax.Array
     """`num_generations` samples of every prompt (traceable: call it inside a jit)."""
     ids = jnp.repeat(prompt_ids, num_generations, axis=0)
     mask = jnp.repeat(prompt_mask, num_generations, axis=0)
-    extra = {"suppress_tokens": suppress_tokens} if suppress_tokens else {}
     out = sample_tokens(lm, params, ids, mask, key, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_k=top_k, top_p=top_p, eos_ids=(eos_id,), pad_token_id=pad_id, lora=lora, **extra)
+                        top_k=top_k, top_p=top_p, eos_ids=(eos_id,), pad_token_id=pad_id, lora=lora,
+                        suppress_tokens=suppress_tokens)
     return Rollout(ids, mask, out.tokens, out.logprobs, out.mask)
 
 
 def completion_logprobs(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax.Array, prompt_mask: jax.Array,
                         tokens: jax.Array, mask: jax.Array, *, temperature: float = 1.0, top_k: int | None = None,
-                        top_p: float | None = None, return_entropy: bool = False) -> Any:
+                        top_p: float | None = None, suppress_tokens: tuple[int, ...] = (),
+                        return_entropy: bool = False) -> Any:
     """Teacher-forced log-probs [B, N] of the completion tokens (0 where mask is 0), and entropies.
 
-    Scored under the same temperature / top-k / top-p as the sampler, so for the same params the
+    Scored under the same temperature / top-k / top-p / suppressed tokens as the sampler, so for the same params the
     ratio to the sampler's log-probs is 1.
     """
     ids = jnp.concatenate([prompt_ids, tokens], axis=1)
@@ -59,7 +60,7 @@ def completion_logprobs(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax
     start = prompt_ids.shape[1] - 1
     n = tokens.shape[1]
     out = token_logprobs(lm, params, ids, full_mask, lora, temperature=temperature, top_k=top_k, top_p=top_p,
-                         return_entropy=return_entropy)
+                         suppress_tokens=suppress_tokens, return_entropy=return_entropy)
     if return_entropy:
         logp, ent = out
         return logp[:, start:start + n], ent[:, start:start + n]
