@@ -8,7 +8,12 @@ Each row stops at its own EOS: afterwards it emits `pad_token_id` with mask 0.
 Log-probs: `GenerateOutput.logprobs` are those of the sampled tokens under the distribution that was
 actually sampled (logits / temperature, then top-k, then top-p, renormalised). With greedy decoding
 (temperature 0) that distribution is a point mass, so the model's own log-prob (temperature 1, no
-filtering) is reported instead. `token_logprobs` computes the same numbers teacher-forced.
+filtering) is reported instead. `token_logprobs` computes the same numbers teacher-forced, under the
+same temperature / top-k / top-p (so a co-located RL step starts with importance ratios of 1),
+projecting to the vocabulary a chunk of positions at a time.
+
+`sample_tokens` is the pure sampling program under `generate` (no host work): call it inside your
+own jit / vmap / scan.
 
 The model is any object with `.config` and `.forward(params, input_ids, attention_mask, *,
 positions, cache, cache_index, lora)` and `.init_cache(batch, max_len)` (jaxrl_hier.llm's
@@ -186,9 +191,9 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     `max_new_tokens`, `top_k`, `eos_ids`, `pad_token_id`, `greedy` and `return_hidden` are static.
     `greedy=True` (or a concrete temperature 0) takes the argmax and reports the model's own
     log-probs. `suppress_tokens` are never sampled (their logits are -inf before everything else;
-    token_logprobs takes the same argument). With `return_hidden=True`, `hidden` [B, N, H] is the final-norm hidden state at each
-    generated token's position (the token fed through the model; one more forward than without;
-    needs a model with `hidden_and_cache`/`head`, as LanguageModel).
+    token_logprobs takes the same argument). With `return_hidden=True`, `hidden` [B, N, H] is the
+    final-norm hidden state at each generated token's position (the token fed through the model;
+    one more forward than without; needs a model with `hidden_and_cache`/`head`, as LanguageModel).
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}.")
@@ -230,7 +235,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
         cache_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, jnp.ones((batch, 1), jnp.int32), slot, axis=1)
         logits, cache, hidden = _last_logits(lm, params, out[0][:, None], cache_mask, lora, positions=pos[:, None],
                                              cache=cache, cache_index=slot)
-        return (cache, cache_mask, logits, done, pos + 1, slot + 1), (*out, hidden)
+        return (cache, cache_mask, logits, done, pos + 1, slot + 1), (*out, hidden) if return_hidden else out
 
     keys = jax.random.split(key, n)
     init = (cache, cache_mask, last, jnp.zeros((batch,), bool), jnp.sum(attention_mask, axis=-1).astype(jnp.int32),
@@ -241,7 +246,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     # the last token needs no forward pass: scan n - 1 steps, then sample once more
     carry, outs = jax.lax.scan(step, init, keys[:-1])
     final, _ = pick(carry[2], carry[3], keys[-1])
-    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs[:3], final))
+    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs, final))
     return GenerateOutput(tokens.T, logps.T, masks.T)
 
 
@@ -346,6 +351,9 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
     positions at a time: only one chunk's [B, chunk, V] float32 logits exist at once, and the
     backward pass recomputes them chunk by chunk (jax.checkpoint)."""
     b, n, h = hidden.shape
+    if n == 0:  # a one-token sequence has nothing to score
+        empty = jnp.zeros((b, 0), jnp.float32)
+        return empty, (empty if want_entropy else None)
     chunk = min(int(chunk_size), n)
     pad = -n % chunk
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
@@ -389,7 +397,8 @@ def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_m
 def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lora: Any = None, *,
                    temperature: jax.Array | float = 1.0, top_k: int | None = None,
                    top_p: jax.Array | float | None = None, suppress_tokens: Sequence[int] = (),
-                   chunk_size: int = DEFAULT_CHUNK_SIZE, return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+                   chunk_size: int = DEFAULT_CHUNK_SIZE, return_entropy: bool = False
+                   ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Teacher-forced log p(x_t | x_<t) for t = 1..T-1: shape [B, T-1] (+ entropy [B, T-1]).
 
     Entry j scores token input_ids[:, j + 1]; it is 0 unless tokens j and j + 1 both have
@@ -419,5 +428,5 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     return (logp, entropy) if return_entropy else logp
 
 
-__all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "bucket_length", "left_pad", "filter_logits",
-           "compiled_programs", "clear_compiled"]
+__all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "bucket_length", "left_pad",
+           "filter_logits", "compiled_programs", "clear_compiled"]

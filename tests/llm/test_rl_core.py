@@ -87,13 +87,16 @@ def test_chunked_scores_equal_full_logits_with_gradients_and_entropy(lm):
     def chunked(params):  # 11 positions in chunks of 4: the last chunk is padded
         return token_logprobs(lm, params, ids, mask, temperature=0.8, top_p=0.9, chunk_size=4, return_entropy=True)
 
-    (lp_r, ent_r), (lp_c, ent_c) = jax.jit(reference)(lm.params), jax.jit(chunked)(lm.params)
+    def loss(score):  # the summed finite log-probs; values ride along as aux (one compile per scorer)
+        def f(params):
+            lp, ent = score(params)
+            return jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0)), (lp, ent)
+        return jax.jit(jax.grad(f, has_aux=True))(lm.params)
+
+    (g_r, (lp_r, ent_r)), (g_c, (lp_c, ent_c)) = loss(reference), loss(chunked)
     np.testing.assert_allclose(np.asarray(lp_c), np.asarray(lp_r), atol=1e-5)
     np.testing.assert_allclose(np.asarray(ent_c), np.asarray(ent_r), atol=1e-5)
     assert np.all(np.asarray(ent_c)[valid] > 0) and np.all(np.asarray(ent_c)[~valid] == 0)
-    finite = lambda lp: jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0))  # noqa: E731
-    g_r = jax.jit(jax.grad(lambda p: finite(reference(p)[0])))(lm.params)
-    g_c = jax.jit(jax.grad(lambda p: finite(chunked(p)[0])))(lm.params)
     for a, b in zip(jax.tree_util.tree_leaves(g_r), jax.tree_util.tree_leaves(g_c)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
     assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(g_c)) > 0
