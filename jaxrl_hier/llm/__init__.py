@@ -21,6 +21,7 @@ from jaxrl_hier.llm.sharding import make_mesh, param_shardings
 # The sampler and the memory planner live in their own modules; import them on first use so this
 # package imports even while they are being changed.
 _LAZY = {"generate": ("jaxrl_hier.llm.sampling", "generate"),
+         "sample_tokens": ("jaxrl_hier.llm.sampling", "sample_tokens"),
          "token_logprobs": ("jaxrl_hier.llm.sampling", "token_logprobs"),
          "GenerateOutput": ("jaxrl_hier.llm.sampling", "GenerateOutput"),
          "sampling": ("jaxrl_hier.llm.sampling", None),
@@ -39,6 +40,6 @@ __all__ = [
     "EncoderModel", "GenerateOutput", "KVCache", "LanguageModel", "Lora", "LoraConfig", "ModelConfig",
     "SUPPORTED_MODEL_TYPES", "classification_head_apply", "classification_head_init", "forward", "generate",
     "hidden_states", "init_cache", "init_lora", "init_params", "last_token_index", "load_params", "load_pretrained",
-    "make_mesh", "memory", "merge_lora", "param_shardings", "save_pretrained", "token_logprobs", "value_head_apply",
+    "make_mesh", "memory", "merge_lora", "param_shardings", "sample_tokens", "save_pretrained", "token_logprobs", "value_head_apply",
     "value_head_init",
 ]
