@@ -20,8 +20,10 @@ a key folded from the env's *global* index, and minibatch k takes slice k of eac
 permutation. So every minibatch holds ``num_steps / num_minibatches`` random steps of every env,
 and each device holds the same share of it.
 
-Recurrent networks (``network: gru``, or any module with ``is_recurrent = True``) carry a hidden
-state per env in the runner state, zeroed when an episode ends (terminated or truncated).
+Recurrent networks (``network: gru``, or any module with ``is_recurrent = True``, an
+``initialize_carry(batch_shape)`` and ``__call__(hidden, obs [T, B, ...], reset bool[T, B]) ->
+(hidden, pi, value)``, as `jaxrl_hier.networks.ActorCriticGRU`) carry a hidden state per env in
+the runner state, zeroed when an episode ends (terminated or truncated).
 Their minibatches keep whole sequences: they are split over envs, not time. Each env shard
 permutes its envs with a key folded from the shard's global index, and minibatch k takes slice k
 of every shard's permutation (``num_envs / num_minibatches`` whole trajectories in all); the
