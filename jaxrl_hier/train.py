@@ -50,7 +50,7 @@ PPO_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "ev
                         "tensorboard", "wandb", "wandb_project")
 
 # Config keys that fix the shapes inside a checkpoint; a resume must match them.
-STRUCTURAL_KEYS = ("env", "num_envs", "num_seeds", "network", "hidden_size", "num_layers", "reset_mode",
+STRUCTURAL_KEYS = ("env", "num_envs", "num_seeds", "network", "hidden_size", "rnn_hidden_size", "num_layers", "reset_mode",
                    "reset_ratio")
 
 # Files whose presence means a directory already holds a run.

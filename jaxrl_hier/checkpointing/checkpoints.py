@@ -27,6 +27,14 @@ def abstract_like(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), tree)
 
 
+def _fill_empty(tree: Any) -> Any:
+    """Orbax cannot save zero-size arrays (e.g. the unused reset pool of `reset_mode: auto`): each one
+    is stored as a 1-element placeholder, and `restore` puts the target's own empty array back."""
+    import numpy as np
+
+    return jax.tree.map(lambda x: np.zeros((1,), x.dtype) if x.size == 0 else x, tree)
+
+
 class Checkpointer:
     """Save and restore training states under `directory`, keeping the last `keep` steps."""
 
@@ -50,7 +58,7 @@ class Checkpointer:
         that is a CheckpointError here. A resumed run first drops the steps after the one it
         resumes from (`delete_newer_than`)."""
         self.wait()
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(dict(meta, step=step)))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(_fill_empty(state)), meta=ocp.args.JsonSave(dict(meta, step=step)))
         saved = self.manager.save(step, args=args)
         if not saved:
             # The manager's list of steps may be out of date (another Checkpointer deleted some).
@@ -103,14 +111,16 @@ class Checkpointer:
                     f"checkpoint but {want!r} here. Resume with the checkpoint's config, or use a new --output-dir."
                 )
         try:
-            out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_like(target))))
+            out = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_like(_fill_empty(target)))))
         except Exception as err:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step} could not be restored ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''}). It is corrupt, incomplete, or from a different "
                 "network shape; delete it to fall back to an earlier step, or use a new --output-dir."
             ) from None
-        return out["state"], meta
+        state = jax.tree.map(lambda restored, want: want if want.size == 0 else restored, out["state"], target)
+        return state, meta
 
     def close(self) -> None:
         self.wait()
