@@ -102,3 +102,20 @@ def test_corrupt_checkpoint_is_refused(uninterrupted, tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{out / 'checkpoints'}/{latest}" in proc.stderr
     assert "corrupt" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_checkpointer_round_trips_zero_size_leaves(tmp_path):
+    """reset_mode auto/none leave the reset pool empty; Orbax alone refuses zero-size arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_hier.checkpointing import Checkpointer
+
+    tree = {"a": jnp.arange(3.0), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(1)}
+    ckpt = Checkpointer(tmp_path / "ckpt", asynchronous=False)
+    ckpt.save(1, tree, {"env": "x"})
+    target = {"a": jnp.zeros(3), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(0)}
+    restored, _ = ckpt.restore(1, target, {"env": "x"})
+    ckpt.close()
+    assert restored["a"].tolist() == [0.0, 1.0, 2.0] and restored["pool"].shape == (0, 4)
+    assert jax.random.key_data(restored["key"]).tolist() == jax.random.key_data(tree["key"]).tolist()
