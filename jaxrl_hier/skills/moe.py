@@ -21,10 +21,11 @@ trainer does: no rows, and no routing, for skills without dependencies). The cri
 new expert's: it estimates the return of *this* skill's reward on every state, including the states
 where a dependency's expert is acting.
 
-Frozen experts act greedily (their argmax action, as a one-hot distribution): a dependency is a
-finished skill, and sampling its exploration noise in every skill built on it multiplies its
-failure rate down the chain (a five-deep TechTree chain of 0.9-reliable samplers succeeds ~0.6 of
-the time). Their rows carry no gradient either way.
+With `greedy_frozen=True` frozen experts act greedily (their argmax action, as a one-hot
+distribution), so their exploration noise does not multiply down a chain of skills. It is off by
+default: in the full TechTree run with greedy frozen experts, `collect_stone` (three frozen
+experts) stayed at 0.00 training success for 256k steps (not isolated further; a deterministic
+policy can loop where its sampled version gets out). Their rows carry no gradient either way.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class MoEPolicy:
     """Dependency-gated mixture of experts; obs is `{"obs": x, "expert": plan position}` (skills.env)."""
 
     def __init__(self, num_actions: int, hidden_size: int, num_layers: int, activation: str, max_experts: int,
-                 dispatch: str = "gather", block_size: int | None = None, greedy_frozen: bool = True):
+                 dispatch: str = "gather", block_size: int | None = None, greedy_frozen: bool = False):
         if dispatch not in ("gather", "mask"):
             raise ValueError(f"unknown MoE dispatch '{dispatch}': use 'gather' or 'mask'.")
         self.num_actions, self.hidden_size, self.num_layers = num_actions, hidden_size, num_layers

@@ -14,8 +14,8 @@ puts it back. So there is one compiled program per (number of active slots, bank
 of shapes in a run, each compiled once. The stored runner keeps the full shape (`max_parallel_skills` slots,
 `max_experts` bank rows), so checkpoints do not depend on which slots were active.
 
-After each round every active skill is also evaluated greedily (argmax actions, frozen experts
-greedy as always): `num_envs` fresh episodes per slot, each given the round's rollout length
+After each round every active skill is also evaluated greedily (argmax actions, of the frozen
+experts too): `num_envs` fresh episodes per slot, each given the round's rollout length
 (`num_steps * updates_per_round` steps); an episode still running then counts as a failure.
 """
 

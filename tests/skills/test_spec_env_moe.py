@@ -174,11 +174,15 @@ def test_moe_policy_trains_only_the_new_expert():
     g_params, g_bank = jax.grad(loss, argnums=(0, 1))(variables["params"], frozen)
     assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(g_bank))
     assert float(jnp.abs(g_params["actor"][0]["kernel"]).sum()) > 0
-    # Rows routed to a frozen expert act greedily with that expert's weights; the new expert's rows
-    # sample. A bank cut to the plan (2 rows, as the trainer passes it) gives the same policy.
+    # Rows routed to a frozen expert use that expert's weights, exactly (here greedily); the new
+    # expert's rows sample. A bank cut to the plan (2 rows, as the trainer passes it) gives the same policy.
     cut = {"actor": jax.tree.map(lambda w: w[:2], frozen), "plan_len": jnp.int32(2)}
     for dispatch in ("gather", "mask"):
-        pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch)
+        pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch, greedy_frozen=True)
+        sampled, _ = MoEPolicy(4, 8, 2, "tanh", 3, dispatch).apply({"params": variables["params"], "experts": cut}, obs)
+        np.testing.assert_allclose(np.asarray(sampled.logits[1:2]),
+                                   np.asarray(jax.nn.log_softmax(mlp_apply(jax.tree.map(lambda w: w[1], frozen),
+                                                                           obs["obs"][1:2], jnp.tanh))), atol=1e-5)
         pi, _ = pol.apply({"params": variables["params"], "experts": extra}, obs)
         want = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
         assert int(pi.mode()[1]) == int(jnp.argmax(want)) and float(pi.log_prob(pi.mode())[1]) == 0.0
@@ -239,7 +243,7 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
     actions = jax.random.randint(jax.random.fold_in(k, 3), (rows,), 0, 4)
     grads = []
     for dispatch in ("gather", "mask"):
-        pol = MoEPolicy(4, 16, 2, "tanh", experts - 1, dispatch)
+        pol = MoEPolicy(4, 16, 2, "tanh", experts - 1, dispatch, greedy_frozen=True)
         variables = pol.init(jax.random.key(0), obs)
         frozen = {"actor": jax.tree.map(lambda w: w[:-1], bank), "plan_len": jnp.int32(experts - 2)}
 
