@@ -49,7 +49,7 @@ class Trainer(Protocol):
 
     def init(self, key: jax.Array) -> None: ...
     def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None: ...
-    def train_round(self) -> list: ...
+    def train_round(self, active: list[int] | None = None) -> list: ...
     def expert(self, slot: int) -> Any: ...
     # Through jaxrl_hier's Checkpointer under `directory` (resume prunes it with one), raising when
     # a step is not saved.
@@ -171,7 +171,8 @@ class Scheduler:
                 log.info("stopped at max_rounds=%d; resume with a larger max_rounds to go on", self.config.max_rounds)
                 return
             t0 = self.clock()
-            results = self.trainer.train_round()
+            # only the slots of running skills train: a finished skill's slot costs nothing until reused
+            results = self.trainer.train_round(sorted(r.slot for r in running))
             elapsed = self.clock() - t0
             self.state.round += 1
             for r in running:
@@ -200,7 +201,8 @@ class Scheduler:
         self._writer(r).write({"update": self.state.round, "attempt": r.attempts, "steps": r.steps,
                                "total_steps": r.total_steps, "success_rate": res.success_rate,
                                "episodes": res.episodes, "episode_return": res.episode_return,
-                               "episode_length": res.episode_length, "wall_s": r.wall_s})
+                               "episode_length": res.episode_length, "wall_s": r.wall_s,
+                               "greedy_success_rate": getattr(res, "greedy_success_rate", None)})
         passed = (res.success_rate is not None and res.episodes >= c.min_episodes
                   and res.success_rate >= c.success_rate_threshold)
         if passed and r.steps >= c.min_skill_timesteps:
