@@ -70,12 +70,6 @@ def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
                           f"than max_new_tokens={config.max_new_tokens}; raise max_new_tokens.")
 
 
-def _write_done(path: Path, info: dict) -> None:
-    from jaxrl_hier.io import atomic_write_json
-
-    atomic_write_json(path, info)
-
-
 def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
                   mesh: Any) -> tuple[Any, dict]:
     """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary."""
@@ -145,12 +139,14 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     info = {"steps": config.sft_steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
             "eval_problems": len(test), "time_s": time.perf_counter() - t0}
     if is_primary():
-        _write_done(done, info)
+        from jaxrl_hier.io import atomic_write_json
+
+        atomic_write_json(done, info)
     log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}")
     return lm, info
 
 
-def _sample_records(step: int, samples: dict, metrics: dict, tokenizer: Any, count: int, config: GRPOConfig,
+def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config: GRPOConfig,
                     rewards: Any) -> list[dict]:
     import numpy as np
 
@@ -270,7 +266,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             if step % config.log_every == 0 or "eval/accuracy" in rec:
                 writer.write(rec)
             if config.sample_log_count and step % config.log_every == 0:
-                for s in _sample_records(step, samples, metrics, tokenizer, config.sample_log_count, config,
+                for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
                                          trainer.rewards):
                     samples_writer.write(s)
             if progress is not None:

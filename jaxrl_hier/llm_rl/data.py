@@ -74,9 +74,4 @@ def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_token
     return ids, mask, truncated
 
 
-def completion_lengths(mask: Any) -> np.ndarray:
-    return np.asarray(mask).sum(axis=-1)
-
-
-__all__ = ["PromptBatch", "special_ids", "encode_prompts", "encode_completions",
-           "completion_lengths"]
+__all__ = ["PromptBatch", "special_ids", "encode_prompts", "encode_completions"]
