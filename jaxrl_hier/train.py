@@ -40,7 +40,8 @@ DEFAULT_ALGORITHM = "ppo"
 #   `refuse_existing_run`, a resume `check_resume_changes` with its own safe keys; config.yaml
 #   is written with `save_run_config` (process 0 only) once every check has passed.
 ALGORITHMS: dict[str, str] = {"ppo": "jaxrl_hier.train:run_ppo", "grpo": "jaxrl_hier.llm_rl.cli:run_grpo",
-                              "sft": "jaxrl_hier.llm_rl.cli:run_sft"}
+                              "sft": "jaxrl_hier.llm_rl.cli:run_sft", "guided": "jaxrl_hier.llm_rl.guided_cli:run_guided",
+                              "pgts": "jaxrl_hier.search.cli:run_pgts"}
 
 # PPOConfig keys a resume may change: they touch logging, outputs and checkpoint retention only,
 # never what is learned. Every other key is refused on resume: total_timesteps, num_minibatches
