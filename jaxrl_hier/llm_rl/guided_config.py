@@ -1,0 +1,133 @@
+"""`GuidedConfig`: the two-turn guided agent (ArCHer-style critic) and its multi-turn text game.
+
+One frozen dataclass, loaded from YAML by `jaxrl_hier.config.build_dataclass` and checked by
+`validate()` before anything compiles (ConfigError -> exit code 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxrl_hier.config import ConfigError
+
+
+@dataclass(frozen=True)
+class GuidedConfig:
+    seed: int = 0
+
+    # ---- environment: "two_turn" (answer, hint, answer on a task) or "guess_number" (higher/lower game)
+    env: Literal["two_turn", "guess_number"] = "two_turn"
+    task: str = "arithmetic"
+    task_operators: str = "+-"
+    task_digits: int = 1
+    task_steps: int = 2
+    task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
+    game_high: int = 16           # guess_number: secrets 1..game_high
+    game_max_turns: int = 5
+    max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
+    max_new_tokens: int = 9       # tokens of an utterance (answer or hint, EOS included)
+
+    # ---- the backbone: a local Hugging Face directory, or a tiny Qwen2-shaped model built from scratch
+    model_path: str | None = None
+    model_hidden_size: int = 128
+    model_layers: int = 2
+    model_heads: int = 4
+    model_kv_heads: int = 2
+    model_intermediate_size: int = 384
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    mesh_data: int = 1
+    mesh_fsdp: int = -1
+    mesh_tensor: int = 1
+    # roles: actor and guidance are two LoRA adapters on the one frozen backbone (reference = adapters off)
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    guidance_model_path: str | None = None  # a separate (e.g. smaller) guidance model with its own adapter
+
+    # ---- supervised warm-start of the backbone (full fine-tuning on the env's warm-start examples)
+    sft_steps: int = 0
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 3e-3
+    sft_warmup_steps: int = 30
+    sft_checkpoint_every: int = 100
+
+    # ---- critic (ArCHer): "encoder" = its own small RoBERTa, "backbone" = heads on the frozen backbone
+    critic: Literal["encoder", "backbone"] = "encoder"
+    critic_hidden_size: int = 64
+    critic_layers: int = 1
+    critic_heads: int = 2
+    critic_intermediate_size: int = 128
+    critic_mlp_hidden: int = 64
+    critic_learning_rate: float = 1e-3
+    critic_batch_size: int = 64
+    tau: float = 0.1
+    gamma: float = 1.0
+    replay_capacity: int = 4096
+
+    # ---- the agent's schedule and policy gradient
+    iterations: int = 40
+    episodes_per_iteration: int = 64
+    critic_steps: int = 8           # per iteration
+    actor_steps: int = 1            # per iteration
+    warmup_iterations: int = 2      # critic-only iterations first
+    learning_rate: float = 5e-4     # actor and guidance adapters
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    beta: float = 0.0               # KL penalty to the reference (the backbone, adapters off)
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    clip_eps: float = 0.0           # > 0: PPO clipping of the ratio to the sampler's policy
+    normalize_advantages: bool = True
+    train_guidance: bool = True     # two_turn: also update the guidance adapter
+
+    # ---- evaluation, logging, checkpoints
+    eval_every: int = 10
+    eval_episodes: int = 256
+    log_every: int = 1
+    sample_log_count: int = 4
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+
+    def validate(self) -> None:
+        def at_least(low: int, *names: str) -> None:
+            for n in names:
+                v = getattr(self, n)
+                if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                    raise ConfigError(f"'{n}' must be an integer >= {low}, got {v!r}.")
+
+        at_least(1, "iterations", "episodes_per_iteration", "critic_steps", "max_prompt_length", "max_new_tokens",
+                 "model_hidden_size", "model_layers", "model_heads", "model_kv_heads", "model_intermediate_size",
+                 "lora_rank", "sft_batch_size", "critic_hidden_size", "critic_layers", "critic_heads",
+                 "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
+                 "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
+        at_least(0, "actor_steps", "warmup_iterations", "sft_steps", "sft_warmup_steps", "sft_checkpoint_every",
+                 "eval_every", "sample_log_count", "checkpoint_every")
+        if not 0.0 < self.tau <= 1.0:
+            raise ConfigError(f"tau (the Polyak step of the target critic) must be in (0, 1], got {self.tau}.")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}.")
+        for n in ("learning_rate", "critic_learning_rate", "sft_learning_rate", "temperature", "max_grad_norm"):
+            if getattr(self, n) <= 0:
+                raise ConfigError(f"'{n}' must be > 0, got {getattr(self, n)}.")
+        if self.beta < 0 or self.clip_eps < 0:
+            raise ConfigError(f"beta and clip_eps must be >= 0, got beta={self.beta}, clip_eps={self.clip_eps}.")
+        if self.warmup_iterations >= self.iterations and self.actor_steps:
+            raise ConfigError(f"warmup_iterations={self.warmup_iterations} leaves no actor update in "
+                              f"iterations={self.iterations}; lower it below iterations.")
+        if self.critic_heads and self.critic_hidden_size % self.critic_heads:
+            raise ConfigError(f"critic_hidden_size={self.critic_hidden_size} must be a multiple of "
+                              f"critic_heads={self.critic_heads}.")
+        if self.model_heads % self.model_kv_heads:
+            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
+        if self.task == "gsm8k" and not self.task_path:
+            raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
+        if self.checkpoint_every and self.checkpoint_every % self.log_every:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
+        if self.env == "guess_number" and self.guidance_model_path:
+            raise ConfigError("guidance_model_path applies to env: two_turn only (guess_number has no guidance turn).")
+        if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a guess up to {self.game_high} plus "
+                              f"EOS; raise it to {len(str(self.game_high)) + 1}.")
+
+
+__all__ = ["GuidedConfig"]

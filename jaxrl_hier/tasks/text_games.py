@@ -1,0 +1,304 @@
+"""Turn-based text environments for utterance-level agents (the `guided` trainer), offline.
+
+An environment hands out episodes, renders each one's dialogue so far as the state text a policy
+continues, and takes one utterance per turn. Which policy speaks at turn t (`speaker(t)`) is fixed
+by the environment, so a trainer knows before it starts how many utterances each role produces
+per episode (static shapes). Every environment also yields supervised warm-start examples
+(`sft_problems`), as `Problem`s whose prompt is a state and whose target is an utterance.
+
+- `TwoTurnEnv` wraps any answer-line task (arithmetic by default, or GSM8K-format files): the
+  actor answers (turn 1), the guidance model reads the problem and that answer and writes a hint
+  (turn 2), the actor answers again with the hint (turn 3); the reward, given at the last turn, is
+  that answer's correctness. Its warm-start hints are rule-based: `lower` when the turn-1 answer is
+  too high, `higher` when it is too low, `right` when it is correct, `none` without an answer line.
+- `GuessNumberEnv`: guess a secret integer in [1, high]; the oracle answers `higher` or `lower`;
+  reward -1 per turn that misses, 0 for the turn that hits, at most `max_turns` turns. Its
+  warm-start guesses are uniform over the numbers still possible, so a policy that learns to halve
+  the interval needs fewer turns than the warm-start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.tasks.answers import extract_answer
+from jaxrl_hier.tasks.base import Problem, check_split_args, split_rng
+
+ACTOR, GUIDANCE = "actor", "guidance"
+HINTS = ("lower", "higher", "right", "none")
+
+
+# ----------------------------------------------------------------------------- two-turn problem solving
+
+
+@dataclasses.dataclass
+class TwoTurnEpisode:
+    problem: Problem
+    turn1: str = ""
+    hint: str = ""
+    turn2: str = ""
+    turn: int = 0
+    done: bool = False
+    reward: float = 0.0
+
+
+def rule_hint(task: Any, problem: Problem, completion: str) -> str:
+    """The rule-based hint for a turn-1 completion: lower / higher / right / none (see module doc)."""
+    answer = extract_answer(completion)
+    if answer is None:
+        return "none"
+    if task.is_correct(problem, completion):
+        return "right"
+    try:
+        return "lower" if float(answer) > float(problem.answer) else "higher"
+    except ValueError:
+        return "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoTurnEnv:
+    """Answer, hint, answer again: see the module docstring. `task` is any answer-line task.
+
+    The turn-1 answer enters the later states as its parsed number (`?` without one, or when it is
+    longer than `answer_chars`), so state lengths are bounded whatever was sampled."""
+
+    task: Any
+    answer_chars: int = 5
+    wrong_fraction: float = 0.5  # share of warm-start hint / turn-2 examples with a wrong turn-1 answer
+    max_offset: int = 3          # wrong warm-start answers are the answer +- 1..max_offset
+    name: str = "two_turn"
+    max_turns: int = 3
+
+    def speaker(self, turn: int) -> str:
+        return GUIDANCE if turn == 1 else ACTOR
+
+    def reset(self, split: str, n: int, seed: int) -> list[TwoTurnEpisode]:
+        return [TwoTurnEpisode(p) for p in self.task.problems(split, n, seed)]
+
+    def _shown(self, completion: str) -> str:
+        answer = extract_answer(completion)
+        return answer if answer is not None and len(answer) <= self.answer_chars else "?"
+
+    def render(self, prompt: str, turn1: str | None = None, hint: str | None = None) -> str:
+        """The state text: the problem; then its turn-1 answer and ":"; then the hint and a newline."""
+        text = prompt
+        if turn1 is not None:
+            text += self._shown(turn1) + ":"
+        if hint is not None:
+            text += hint.replace("\n", " ") + "\n"
+        return text
+
+    def observation(self, ep: TwoTurnEpisode) -> str:
+        if ep.turn == 0:
+            return self.render(ep.problem.prompt)
+        if ep.turn == 1:
+            return self.render(ep.problem.prompt, ep.turn1)
+        return self.render(ep.problem.prompt, ep.turn1, ep.hint)
+
+    def step(self, ep: TwoTurnEpisode, utterance: str) -> tuple[TwoTurnEpisode, float, bool]:
+        ep = dataclasses.replace(ep)
+        if ep.turn == 0:
+            ep.turn1 = utterance
+        elif ep.turn == 1:
+            ep.hint = utterance
+        else:
+            ep.turn2 = utterance
+            ep.done = True
+            ep.reward = float(self.task.is_correct(ep.problem, utterance))
+        ep.turn += 1
+        return ep, (ep.reward if ep.done else 0.0), ep.done
+
+    def max_state_chars(self, prompt_chars: int, hint_chars: int) -> int:
+        """The longest state text for prompts of `prompt_chars` and hints of `hint_chars` characters."""
+        return prompt_chars + self.answer_chars + 1 + hint_chars + 1
+
+    def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """Warm-start examples, a third of each kind: turn-1 answers, rule-based hints for a turn-1
+        answer that is right or off by 1..max_offset, and turn-2 answers after such a hint."""
+        check_split_args(split, n, seed)
+        rng = split_rng(seed, split, f"{self.name}:sft")
+        out = []
+        for i, p in enumerate(self.task.problems(split, n, seed)):
+            kind = i % 3
+            if kind == 0:
+                out.append(p)
+                continue
+            turn1 = p.target
+            try:
+                value = int(p.answer)
+            except ValueError:
+                value = None
+            if value is not None and rng.random() < self.wrong_fraction:
+                off = rng.randint(1, self.max_offset) * rng.choice((-1, 1))
+                turn1 = f"#### {value + off}"
+            hint = rule_hint(self.task, p, turn1)
+            if kind == 1:
+                out.append(Problem(self.render(p.prompt, turn1), p.answer, hint, {**p.meta, "kind": "hint"}))
+            else:
+                out.append(Problem(self.render(p.prompt, turn1, hint), p.answer, p.target,
+                                   {**p.meta, "kind": "turn2"}))
+        return out
+
+    def sft_correct(self, problem: Problem, completion: str) -> bool:
+        """A warm-start example solved: the rule's hint exactly, or a correct answer."""
+        if problem.meta.get("kind") == "hint":
+            return completion.strip() == problem.target
+        return bool(self.task.is_correct(problem, completion))
+
+    def summarize(self, episodes: Sequence[TwoTurnEpisode]) -> dict[str, float]:
+        """turn-1 and turn-2 accuracy, their difference, hint length, and how often each hint was right."""
+        n = max(len(episodes), 1)
+        t1 = sum(self.task.is_correct(e.problem, e.turn1) for e in episodes) / n
+        t2 = sum(self.task.is_correct(e.problem, e.turn2) for e in episodes) / n
+        hint_ok = sum(e.hint.strip() == rule_hint(self.task, e.problem, e.turn1) for e in episodes) / n
+        return {"turn1_accuracy": t1, "turn2_accuracy": t2, "accuracy_gain": t2 - t1,
+                "hint_length": sum(len(e.hint) for e in episodes) / n, "hint_rule_agreement": hint_ok,
+                "return": sum(e.reward for e in episodes) / n}
+
+    def record(self, ep: TwoTurnEpisode) -> dict[str, Any]:
+        return {"problem": ep.problem.prompt, "answer": ep.problem.answer, "turn1": ep.turn1, "hint": ep.hint,
+                "turn2": ep.turn2, "reward": ep.reward}
+
+
+# ----------------------------------------------------------------------------- guess the number
+
+
+@dataclasses.dataclass
+class GuessEpisode:
+    secret: int
+    guesses: list = dataclasses.field(default_factory=list)
+    replies: list = dataclasses.field(default_factory=list)
+    turn: int = 0
+    done: bool = False
+    success: bool = False
+    ret: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GuessNumberEnv:
+    """Guess a secret in [1, high] in at most `max_turns` turns; see the module docstring.
+
+    State text: "guess 1-16:\\n" then one line per turn, "8 higher\\n". An utterance that is not a
+    number in range counts as a missed turn with the reply "bad"."""
+
+    high: int = 16
+    max_turns: int = 5
+    name: str = "guess_number"
+
+    def __post_init__(self):
+        if isinstance(self.high, bool) or not isinstance(self.high, int) or not 2 <= self.high <= 999:
+            raise ConfigError(f"guess_number: high must be an integer in [2, 999], got {self.high!r}.")
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
+            raise ConfigError(f"guess_number: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
+
+    def speaker(self, turn: int) -> str:
+        return ACTOR
+
+    def reset(self, split: str, n: int, seed: int) -> list[GuessEpisode]:
+        check_split_args(split, n, seed)
+        rng = split_rng(seed, split, self.name)
+        return [GuessEpisode(rng.randint(1, self.high)) for _ in range(n)]
+
+    def header(self) -> str:
+        return f"guess 1-{self.high}:\n"
+
+    def render(self, guesses: Sequence[str], replies: Sequence[str]) -> str:
+        return self.header() + "".join(f"{g} {r}\n" for g, r in zip(guesses, replies))
+
+    def observation(self, ep: GuessEpisode) -> str:
+        return self.render(ep.guesses, ep.replies)
+
+    def max_state_chars(self) -> int:
+        width = len(str(self.high))
+        return len(self.header()) + (self.max_turns - 1) * (width + 1 + len("higher") + 1)
+
+    def _parse(self, utterance: str) -> int | None:
+        text = utterance.strip()
+        if not text.isdigit() or len(text) > len(str(self.high)):
+            return None
+        value = int(text)
+        return value if 1 <= value <= self.high else None
+
+    def step(self, ep: GuessEpisode, utterance: str) -> tuple[GuessEpisode, float, bool]:
+        ep = dataclasses.replace(ep, guesses=list(ep.guesses), replies=list(ep.replies))
+        guess = self._parse(utterance)
+        ep.turn += 1
+        if guess == ep.secret:
+            ep.success = ep.done = True
+            return ep, 0.0, True
+        reply = "bad" if guess is None else ("higher" if guess < ep.secret else "lower")
+        ep.guesses.append("?" if guess is None else str(guess))
+        ep.replies.append(reply)
+        ep.ret -= 1.0
+        ep.done = ep.turn >= self.max_turns
+        return ep, -1.0, ep.done
+
+    def consistent(self, guesses: Sequence[int], replies: Sequence[str]) -> tuple[int, int]:
+        """The interval [lo, hi] of secrets consistent with the replies so far."""
+        lo, hi = 1, self.high
+        for g, r in zip(guesses, replies):
+            if r == "higher":
+                lo = max(lo, g + 1)
+            elif r == "lower":
+                hi = min(hi, g - 1)
+        return lo, hi
+
+    def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """Warm-start examples: a history of guesses drawn uniformly from the numbers still possible,
+        cut at a random turn, and the next such guess as the target."""
+        check_split_args(split, n, seed)
+        rng = split_rng(seed, split, f"{self.name}:sft")
+        out = []
+        while len(out) < n:
+            secret = rng.randint(1, self.high)
+            guesses: list[int] = []
+            replies: list[str] = []
+            cut = rng.randrange(self.max_turns)
+            while True:
+                lo, hi = self.consistent(guesses, replies)
+                guess = rng.randint(lo, hi)
+                if len(guesses) == cut or guess == secret:
+                    out.append(Problem(self.render([str(g) for g in guesses], replies), str(secret), str(guess),
+                                       {"task": self.name, "split": split, "low": lo, "high": hi}))
+                    break
+                guesses.append(guess)
+                replies.append("higher" if guess < secret else "lower")
+        return out
+
+    def sft_correct(self, problem: Problem, completion: str) -> bool:
+        """A warm-start guess is good when it is still possible given the replies so far."""
+        guess = self._parse(completion)
+        return guess is not None and problem.meta["low"] <= guess <= problem.meta["high"]
+
+    def summarize(self, episodes: Sequence[GuessEpisode]) -> dict[str, float]:
+        """Success rate, mean turns (a failed episode counts max_turns), mean turns of the successes, return."""
+        n = max(len(episodes), 1)
+        wins = [e for e in episodes if e.success]
+        return {"success": len(wins) / n, "turns": sum(e.turn for e in episodes) / n,
+                "turns_to_success": (sum(e.turn for e in wins) / len(wins)) if wins else float(self.max_turns),
+                "return": sum(e.ret for e in episodes) / n}
+
+    def record(self, ep: GuessEpisode) -> dict[str, Any]:
+        return {"secret": ep.secret, "guesses": ep.guesses + ([str(ep.secret)] if ep.success else []),
+                "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
+
+
+def optimal_guess_turns(high: int) -> float:
+    """Mean turns of bisection (guess the interval's midpoint, rounding down) over secrets 1..high."""
+    total = 0
+    for secret in range(1, high + 1):
+        lo, hi, turns = 1, high, 0
+        while True:
+            turns += 1
+            g = (lo + hi) // 2
+            if g == secret:
+                break
+            lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
+        total += turns
+    return total / high
+
+
+__all__ = ["ACTOR", "GUIDANCE", "HINTS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
+           "rule_hint", "optimal_guess_turns"]

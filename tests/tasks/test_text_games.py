@@ -1,0 +1,99 @@
+"""Turn-based text environments: the two-turn answer/hint/answer episode and guess-the-number."""
+
+import pytest
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.tasks import ArithmeticTask
+from jaxrl_hier.tasks.text_games import (ACTOR, GUIDANCE, GuessNumberEnv, TwoTurnEnv, optimal_guess_turns,
+                                         rule_hint)
+
+
+@pytest.fixture(scope="module")
+def two_turn():
+    return TwoTurnEnv(ArithmeticTask(operators="+-", digits=1, steps=2))
+
+
+def test_two_turn_episode_states_rewards_and_speakers(two_turn):
+    env = two_turn
+    assert [env.speaker(t) for t in range(env.max_turns)] == [ACTOR, GUIDANCE, ACTOR]
+    ep = env.reset("train", 1, 0)[0]
+    p = ep.problem
+    assert env.observation(ep) == p.prompt
+    ep, r, done = env.step(ep, "#### 99")
+    assert (r, done) == (0.0, False) and env.observation(ep) == p.prompt + "99:"
+    ep, r, done = env.step(ep, "lower\nx")
+    assert (r, done) == (0.0, False) and env.observation(ep) == p.prompt + "99:lower x\n"
+    ep, r, done = env.step(ep, f"#### {p.answer}")
+    assert (r, done, ep.done) == (1.0, True, True)
+    summary = env.summarize([ep])
+    assert summary["turn1_accuracy"] == 0.0 and summary["turn2_accuracy"] == 1.0 and summary["accuracy_gain"] == 1.0
+    # an answer too long (or absent) enters the state as "?": the state length stays bounded
+    ep2 = env.step(env.reset("train", 1, 1)[0], "#### 1234567")[0]
+    assert env.observation(ep2).endswith("=?:")
+    assert len(env.observation(ep)) <= env.max_state_chars(len(p.prompt), len("lower x"))
+
+
+def test_rule_hints(two_turn):
+    p = two_turn.task.make_problem([5, 3, 1], ["+", "-"])  # 5+3-1 = 7
+    assert rule_hint(two_turn.task, p, "#### 9") == "lower"
+    assert rule_hint(two_turn.task, p, "#### -2") == "higher"
+    assert rule_hint(two_turn.task, p, "#### 7") == "right"
+    assert rule_hint(two_turn.task, p, "seven") == "none"
+
+
+def test_two_turn_warm_start_examples(two_turn):
+    probs = two_turn.sft_problems("train", 60, 3)
+    kinds = [p.meta.get("kind", "turn1") for p in probs]
+    assert kinds.count("turn1") == kinds.count("hint") == kinds.count("turn2") == 20
+    wrong = 0
+    for p in probs:
+        if p.meta.get("kind") == "hint":
+            assert p.target in ("lower", "higher", "right")
+            assert two_turn.sft_correct(p, p.target) and not two_turn.sft_correct(p, "none")
+            wrong += p.target != "right"
+        else:  # the target answers the problem, whatever the hint said
+            assert two_turn.sft_correct(p, p.target)
+    assert 3 <= wrong <= 17  # wrong_fraction 0.5 of 20
+    assert probs == two_turn.sft_problems("train", 60, 3)  # deterministic
+
+
+def test_guess_number_oracle_rewards_and_limit():
+    env = GuessNumberEnv(high=16, max_turns=3)
+    ep = env.reset("train", 1, 0)[0]
+    s = ep.secret
+    low = "1" if s != 1 else "2"
+    ep, r, done = env.step(ep, low)
+    if s == 1:
+        assert env.observation(ep) == "guess 1-16:\n2 lower\n"
+    else:
+        assert env.observation(ep) == "guess 1-16:\n1 higher\n"
+    assert (r, done) == (-1.0, False)
+    ep, r, done = env.step(ep, "x")
+    assert (r, done) == (-1.0, False) and env.observation(ep).endswith("? bad\n")
+    ep, r, done = env.step(ep, str(s))
+    assert (r, done, ep.success, ep.ret, ep.turn) == (0.0, True, True, -2.0, 3)
+    # a miss on the last turn ends the episode unsolved
+    ep = env.reset("train", 1, 0)[0]
+    for _ in range(3):
+        ep, r, done = env.step(ep, "17")
+    assert done and not ep.success and ep.ret == -3.0
+    assert len(env.observation(ep).splitlines()) == 4 and env.max_state_chars() >= len("guess 1-16:\n" + "16 higher\n" * 2)
+    assert env.summarize([ep])["turns_to_success"] == 3.0
+
+
+def test_guess_number_warm_start_guesses_are_consistent():
+    env = GuessNumberEnv(high=16, max_turns=5)
+    probs = env.sft_problems("train", 50, 0)
+    for p in probs:
+        assert env.sft_correct(p, p.target)
+        assert len(p.prompt) <= env.max_state_chars()
+    assert not env.sft_correct(probs[0], "0")
+    # bisection: 1 secret in 1 turn, 2 in 2, 4 in 3, 8 in 4, the last one in 5
+    assert optimal_guess_turns(15) == pytest.approx(49 / 15) and optimal_guess_turns(16) == pytest.approx(54 / 16)
+
+
+def test_guess_number_bad_options():
+    with pytest.raises(ConfigError, match="high"):
+        GuessNumberEnv(high=1)
+    with pytest.raises(ConfigError, match="max_turns"):
+        GuessNumberEnv(max_turns=0)
