@@ -106,8 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mask = np.ones_like(ids)
         c1, t1 = _timed_generate(lm, params, ids, mask, 1, args.repeats)
         cn, tn = _timed_generate(lm, params, ids, mask, args.new_tokens, args.repeats)
-        cache_bytes = memory.kv_cache_bytes(memory.dims_of(hf_fields), batch, args.prompt_len + args.new_tokens,
-                                            lm.dtype)
+        cache_bytes = memory.kv_cache_bytes(lm.config, batch, args.prompt_len + args.new_tokens, lm.dtype)
         records.append(dict(batch=batch, prefill_s=t1, generate_s=tn,
                             prefill_tokens_per_s=batch * args.prompt_len / t1,
                             decode_tokens_per_s=batch * (args.new_tokens - 1) / max(tn - t1, 1e-9),

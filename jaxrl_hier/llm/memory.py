@@ -1,66 +1,67 @@
 """Per-device memory planner for LLM RL: parameters, gradients, Adam state, KV cache, activations.
 
-A run holds several models at once (actor, reference, critic, guidance, reward model). Each is a
-`ModelSpec`: its architecture (a `jaxrl_hier.llm.ModelConfig`, a transformers config, or a dict of
-HF config fields), dtype, how it is trained (full, LoRA or frozen), and the batch and sequence sizes
-it sees. `plan(specs, mesh)` returns a `MemoryPlan` with bytes PER DEVICE for a mesh of
-(data, fsdp, tensor) axes, and `.table()` prints it.
+A run holds several models at once (actor, reference, critic, guidance, ...). Each is a `ModelSpec`:
+its architecture (a `jaxrl_hier.llm.ModelConfig`, a transformers config or a dict of HF config
+fields with `model_type`, all read through `ModelConfig.from_hf`), dtype, how it is trained (full,
+LoRA or frozen), the batch and sequence sizes it sees, and the phase (training step) in which its
+gradients and activations are live. `plan(specs, mesh)` returns a `MemoryPlan` with bytes PER DEVICE
+for a mesh of (data, fsdp, tensor) axes; `.table()` prints it. `python -m jaxrl_hier.llm.memory`
+prints the two tables of the guidance-agent case (`original_setup`, docs/llm_memory.md).
 
-Model of each figure (documented so the numbers can be checked by hand):
+Where each figure comes from:
 
-* parameters: exact parameter count of the architecture (Llama / Mistral / Qwen2 / Qwen3 / GPT-2 /
-  RoBERTa) times the dtype size, divided by fsdp * tensor (ZeRO-3 style: every weight is split,
-  replicated along `data`). A model with `shares_base_with` set (e.g. the reference policy of a LoRA
-  actor: the same base weights with the adapter switched off) adds no base parameter bytes.
-* gradients: one value per trainable parameter in the trainable dtype (all weights for full training,
-  only the adapters for LoRA), split like the parameters.
-* optimizer: Adam, two fp32 moments per trainable parameter (8 bytes), plus a fp32 master copy
-  (4 bytes) when `fp32_master=True` and the parameters are not already fp32.
-* KV cache (generation only, `kv_cache_len > 0`): 2 * layers * batch * kv_cache_len * kv_heads *
-  head_dim * dtype size; batch split over data * fsdp, kv heads over tensor.
-* activations (per micro-batch, batch split over data * fsdp, heads / MLP width over tensor):
-  - training with `remat=True` (per-layer checkpointing): the residual stream at every layer
-    input (layers * B * T * H) plus one layer's working set recomputed in the backward pass;
-  - training with `remat=False`: every layer's working set is kept;
-  - forward only (frozen models, generation): one layer's working set;
-  - a layer's working set: B * T * (8 H + 3 I) values (norm outputs, q/k/v/attention output,
-    residuals, gate/up/activation) plus the attention scores B * heads * T * T in fp32 (no flash);
-  - the final logits B * T * vocab in fp32, counted twice when training (logits and log-softmax /
-    their gradient), once for a forward.
-  This is an estimate of what XLA keeps live, good to about a factor of 1.5; fused or flash
-  attention makes the T * T term vanish.
+* parameters, LoRA adapters, Adam state, KV cache: the SHAPES of the real arrays, taken with
+  `jax.eval_shape` (nothing is allocated) of `decoder.init_params` / `encoder.init_params`,
+  `heads.value_head_init`, `lora.init_lora`, the project's optimiser
+  (`optax.chain(optax.clip_by_global_norm, optax.adamw)`, as in llm_rl's SFT and GRPO) and
+  `decoder.init_cache`. They equal the real arrays' bytes (tested) for every family and switch
+  (biases, tied embeddings, q/k norm) without a second description of the architectures.
+  Sharded per device: weights and optimiser state / (fsdp * tensor) (rounded up), the cache's batch
+  over data * fsdp and its kv heads over tensor. A model with `shares_base_with` (a LoRA role on
+  another role's frozen backbone, or the reference = the backbone with adapters off) adds no base
+  weights, only its adapters.
+* gradients: one value per trainable parameter in its dtype (all weights for full training, only
+  the adapters for LoRA), plus `head_params` in float32.
+* activations: an estimate of what XLA keeps for the backward pass of one (micro-)batch, with the
+  decoder and encoder as written in `jaxrl_hier.llm` (a `lax.scan` over layers that saves every
+  layer's residuals; no rematerialisation):
+  - per layer and token: the layer input, the two norm outputs and the residual after attention (4 H
+    values in the activation dtype) plus the two norms' float32 upcasts (2 H float32); q, k, v and
+    the attention output (2 Q + 2 KV, Q = heads * head_dim, KV = kv_heads * head_dim), the rotated q
+    and k (Q + KV, rotary models) and q/k-normed copies (Q + KV, Qwen3); the MLP's gate, up,
+    activation and product (4 I, gated) or pre-activation and activation (2 I); each LoRA target's
+    x @ a (rank values in the LoRA dtype);
+  - per layer: the attention probabilities B * heads * T * T, float32 for the softmax's gradient plus
+    their copy in the activation dtype (for the value product), 4 + act bytes each; 0 with
+    `flash_attention=True` (a fused kernel keeps no T * T matrix);
+  - training keeps all layers (`remat=True` models per-layer checkpointing instead: the layer inputs
+    L * B * T * H plus one layer recomputed); a forward-only model keeps one layer at a time;
+  - embeddings and final norm: 2 B * T * H values;
+  - LM logits in float32 ([B, c, V] with c = min(logits_chunk, T - 1) positions at a time as
+    `jaxrl_hier.llm.token_logprobs` scores them, or [B, T, V] with `logits_chunk=0`, the full logits
+    transformers computes): 3 copies when training (logits, log-probs, their gradient; 4 for full
+    logits, where the softmax of the backward pass is a fourth), 2 for a forward.
+  docs/llm_memory.md compares this estimate with XLA's `compiled.memory_analysis()` of the real
+  training step (`compiled_step_memory`).
+* peak: weights, optimiser state and KV cache are held for the whole run; gradients and activations
+  only during their phase's step (the actor step, the critic step, ...). The peak is the held bytes
+  plus the largest phase; `MemoryPlan.total` (every row summed) is the bound with all steps at once.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.model_config import ModelConfig
 
 GIB = 1024**3
 TRAIN_MODES = ("full", "lora", "frozen")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class Dims:
-    """The architecture figures the planner needs, read from any supported config."""
-
-    family: str  # "llama" (Llama/Mistral/Qwen2/Qwen3), "gpt2" or "roberta"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    tie_word_embeddings: bool
-    qkv_bias: bool = False
-    qk_norm: bool = False
-    max_positions: int = 0
+HEADS = ("lm", "value", "none")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,16 @@ class MeshShape:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model of a run; see the module docstring for what each field contributes."""
+    """One model of a run; see the module docstring for what each field contributes.
+
+    `batch` rows are generated (KV cache) and trained on, `micro_batch` rows at a time (gradient
+    accumulation; 0 = the whole batch in one pass). `head`: "lm" (vocabulary logits), "value" (a
+    scalar head on the hidden states, no logits) or "none"; default "lm" for decoders, "none" for
+    encoders. `head_params`: further parameters beside the backbone (e.g. the critic's MLP heads),
+    float32, trained with the model. `phase`: the step in which the model's gradients and activations
+    are live (default: its role); models of one phase (e.g. the actor and the reference it is
+    compared with) add up, different phases do not.
+    """
 
     role: str
     config: Any
@@ -89,11 +99,17 @@ class ModelSpec:
     lora_dtype: str = "float32"
     batch: int = 1
     seq_len: int = 1
+    micro_batch: int = 0
     kv_cache_len: int = 0
-    remat: bool = True
+    remat: bool = False
+    flash_attention: bool = False
+    logits_chunk: int = 128
     fp32_master: bool = False
     shares_base_with: str | None = None
-    head: str = "lm"  # "lm" (vocab logits) or "value" (scalar head, no logits)
+    head: str | None = None
+    pooler: bool = False
+    head_params: int = 0
+    phase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,173 +124,270 @@ class ModelMemory:
     activations: int
     num_params: int
     trainable_params: int
+    phase: str = ""
+
+    @property
+    def held(self) -> int:
+        """Bytes held for the whole run: weights, optimiser state, KV cache."""
+        return self.params + self.optimizer + self.kv_cache
+
+    @property
+    def transient(self) -> int:
+        """Bytes live only during this model's phase: gradients and activations."""
+        return self.grads + self.activations
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.kv_cache + self.activations
+        return self.held + self.transient
 
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """The per-device memory of every model of a run, with totals and a printable table."""
+    """The per-device memory of every model of a run, with totals, the peak and a printable table."""
 
     mesh: MeshShape
     models: tuple[ModelMemory, ...]
     capacity_bytes: int | None = None
+    title: str = ""
 
     def column(self, name: str) -> int:
         return int(sum(getattr(m, name) for m in self.models))
 
     @property
     def total(self) -> int:
+        """Every row summed: all phases live at once (an upper bound of the peak)."""
         return int(sum(m.total for m in self.models))
+
+    def phases(self) -> dict[str, int]:
+        """Transient bytes (gradients + activations) of each phase."""
+        out: dict[str, int] = {}
+        for m in self.models:
+            out[m.phase] = out.get(m.phase, 0) + m.transient
+        return out
+
+    @property
+    def peak_phase(self) -> str:
+        phases = self.phases()
+        return max(phases, key=phases.get) if phases else ""
+
+    @property
+    def peak(self) -> int:
+        """Held bytes of all models plus the largest phase's gradients and activations."""
+        return self.column("held") + max(self.phases().values(), default=0)
 
     @property
     def fits(self) -> bool | None:
-        return None if self.capacity_bytes is None else self.total <= self.capacity_bytes
+        return None if self.capacity_bytes is None else self.peak <= self.capacity_bytes
 
     def table(self) -> str:
-        """A fixed-width table in GiB per device, one row per model plus a total row."""
+        """A fixed-width table in GiB per device, one row per model, with each row's bytes."""
         cols = ("params", "grads", "optimizer", "kv_cache", "activations")
-        head = f"{'model':<12}{'#params':>10}" + "".join(f"{c:>13}" for c in cols) + f"{'total':>11}"
-        lines = [f"per-device memory (GiB), mesh data={self.mesh.data} fsdp={self.mesh.fsdp} "
-                 f"tensor={self.mesh.tensor}", head, "-" * len(head)]
+        head = (f"{'model':<16}{'phase':<10}{'#params':>9}" + "".join(f"{c:>12}" for c in cols)
+                + f"{'total GiB':>11}{'total bytes':>17}")
+        lines = ([self.title] if self.title else []) + [
+            f"per-device memory (GiB = 2^30 bytes), mesh data={self.mesh.data} fsdp={self.mesh.fsdp} "
+            f"tensor={self.mesh.tensor}", head, "-" * len(head)]
         for m in self.models:
-            lines.append(f"{m.role:<12}{_human(m.num_params):>10}"
-                         + "".join(f"{getattr(m, c) / GIB:>13.3f}" for c in cols) + f"{m.total / GIB:>11.3f}")
+            lines.append(f"{m.role:<16}{m.phase:<10}{_human(m.num_params):>9}"
+                         + "".join(f"{getattr(m, c) / GIB:>12.3f}" for c in cols)
+                         + f"{m.total / GIB:>11.3f}{m.total:>17,}")
         lines.append("-" * len(head))
-        lines.append(f"{'total':<12}{'':>10}" + "".join(f"{self.column(c) / GIB:>13.3f}" for c in cols)
-                     + f"{self.total / GIB:>11.3f}")
+        lines.append(f"{'sum of rows':<16}{'':<10}{'':>9}" + "".join(f"{self.column(c) / GIB:>12.3f}" for c in cols)
+                     + f"{self.total / GIB:>11.3f}{self.total:>17,}")
+        held = self.column("held")
+        lines.append(f"peak = held (params + optimizer + kv_cache) {held / GIB:.3f} GiB + largest phase "
+                     f"'{self.peak_phase}' {(self.peak - held) / GIB:.3f} GiB = {self.peak / GIB:.3f} GiB "
+                     f"({self.peak:,} bytes)")
         if self.capacity_bytes is not None:
             verdict = "fits" if self.fits else "DOES NOT FIT"
-            lines.append(f"device capacity {self.capacity_bytes / GIB:.1f} GiB: {verdict}")
+            lines.append(f"device capacity {self.capacity_bytes / GIB:.2f} GiB ({self.capacity_bytes:,} bytes): "
+                         f"{verdict}")
         return "\n".join(lines)
 
 
 def _human(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
-            return f"{n / size:.1f}{unit}"
+            return f"{n / size:.2f}{unit}"
     return str(n)
 
 
 def dtype_bytes(dtype: Any) -> int:
     """Bytes per element of a dtype name or object ('bfloat16', jnp.float32, ...)."""
-    if isinstance(dtype, str) and dtype in ("bfloat16", "bf16"):
-        return 2
-    try:
-        import jax.numpy as jnp
+    import jax.numpy as jnp
 
+    try:
         return int(jnp.dtype(dtype).itemsize)
     except TypeError:
         raise ConfigError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16.") from None
 
 
-def _get(cfg: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-def dims_of(config: Any) -> Dims:
-    """Read the architecture from a ModelConfig, a transformers config or a dict of HF fields."""
-    if isinstance(config, Dims):
+def model_config_of(config: Any) -> ModelConfig:
+    """A `ModelConfig` from a ModelConfig, a transformers config, or a dict of HF config fields
+    (with `model_type`), always through `ModelConfig.from_hf`."""
+    if isinstance(config, ModelConfig):
         return config
-    model_type = str(_get(config, "model_type", default="") or "")
-    family = str(_get(config, "family", "arch", default="") or "")
-    if model_type == "gpt2" or family == "gpt2":
-        hidden = int(_get(config, "n_embd", "hidden_size"))
-        heads = int(_get(config, "n_head", "num_heads", "num_attention_heads"))
-        return Dims("gpt2", int(_get(config, "vocab_size")), hidden,
-                    int(_get(config, "n_inner", "intermediate_size", default=4 * hidden)),
-                    int(_get(config, "n_layer", "num_layers", "num_hidden_layers")), heads, heads,
-                    hidden // heads, True, qkv_bias=True,
-                    max_positions=int(_get(config, "n_positions", "max_position_embeddings")))
-    hidden = _get(config, "hidden_size")
-    heads = _get(config, "num_attention_heads", "num_heads")
-    layers = _get(config, "num_hidden_layers", "num_layers")
-    if hidden is None or heads is None or layers is None:
-        raise ConfigError(f"cannot read hidden_size / num_heads / num_layers from {type(config).__name__}; "
-                          "pass a jaxrl_hier.llm.ModelConfig or a transformers config.")
-    hidden, heads, layers = int(hidden), int(heads), int(layers)
-    kv = int(_get(config, "num_key_value_heads", "num_kv_heads", default=heads))
-    head_dim = int(_get(config, "head_dim", default=hidden // heads))
-    if model_type in ("roberta", "bert") or family == "roberta":
-        # token-type rows are counted with the position rows (both are embedding tables of width H)
-        rows = int(_get(config, "max_position_embeddings")) + int(_get(config, "type_vocab_size", default=1))
-        return Dims("roberta", int(_get(config, "vocab_size")), hidden, int(_get(config, "intermediate_size")),
-                    layers, heads, heads, head_dim, True, qkv_bias=True, max_positions=rows)
-    qkv_bias = bool(_get(config, "attention_bias", "qkv_bias", default=model_type == "qwen2"))
-    qk_norm = bool(_get(config, "qk_norm", default=model_type == "qwen3"))
-    return Dims("llama", int(_get(config, "vocab_size")), hidden, int(_get(config, "intermediate_size")),
-                layers, heads, kv, head_dim, bool(_get(config, "tie_word_embeddings", default=False)),
-                qkv_bias=qkv_bias, qk_norm=qk_norm)
+    if isinstance(config, Mapping):
+        fields = dict(config)
+        model_type = fields.pop("model_type", None)
+        if model_type is None:
+            raise ConfigError("a config dict needs 'model_type' (e.g. 'llama', 'qwen2', 'roberta'); or pass a "
+                              "jaxrl_hier.llm.ModelConfig or a transformers config.")
+        fields.pop("dtype", None)  # the planner's dtype is the ModelSpec's
+        import transformers
+
+        try:
+            config = transformers.AutoConfig.for_model(str(model_type), **fields)
+        except ValueError as err:
+            raise ConfigError(f"cannot build a transformers config for model_type '{model_type}': {err}") from None
+    if getattr(config, "model_type", None) is None:
+        raise ConfigError(f"cannot read an architecture from {type(config).__name__}; pass a "
+                          "jaxrl_hier.llm.ModelConfig, a transformers config or a dict with model_type.")
+    return ModelConfig.from_hf(config)
 
 
-def count_params(d: Dims, head: str = "lm") -> int:
-    """Exact parameter count of the architecture (a value head adds hidden + 1 instead of an LM head)."""
-    h, i, v = d.hidden_size, d.intermediate_size, d.vocab_size
-    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-    if d.family == "gpt2":
-        layer = 4 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * i + i) + (i * h + h)
-        total = v * h + d.max_positions * h + d.num_layers * layer + 2 * h
-    elif d.family == "roberta":
-        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-        total = (v + d.max_positions) * h + 2 * h + d.num_layers * layer
+def _eval_shape(fn: Any) -> Any:
+    import jax
+
+    return jax.eval_shape(fn, jax.random.key(0))
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Total bytes of the arrays (or ShapeDtypeStructs) of a pytree."""
+    import jax
+
+    return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def tree_size(tree: Any) -> int:
+    """Number of values in the arrays (or ShapeDtypeStructs) of a pytree."""
+    import jax
+
+    return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _head_of(config: ModelConfig, head: str | None) -> str:
+    head = head if head is not None else ("lm" if config.is_decoder else "none")
+    if head not in HEADS:
+        raise ConfigError(f"head={head!r}; use one of {HEADS}.")
+    if head == "lm" and not config.is_decoder:
+        raise ConfigError(f"a {config.model_type} encoder has no LM head; use head='value' or head='none'.")
+    return head
+
+
+def param_shapes(config: Any, dtype: Any = "bfloat16", head: str | None = None, pooler: bool = False) -> dict:
+    """The parameter tree of a model as ShapeDtypeStructs, from the real init functions: a decoder
+    with its LM head (head='lm'), without it ('none'), or with a float32 value head instead ('value');
+    a RoBERTa encoder (with its pooler if `pooler`) with or without a value head."""
+    from jaxrl_hier.llm import decoder, encoder
+    from jaxrl_hier.llm.heads import value_head_init
+
+    cfg = model_config_of(config)
+    head = _head_of(cfg, head)
+    if cfg.is_decoder:
+        tree = dict(decoder.param_shapes(cfg, dtype_of(dtype)))
+        if head != "lm":
+            tree.pop("lm_head", None)
     else:
-        attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if d.qkv_bias else 0)
-        norms = 2 * h + (2 * d.head_dim if d.qk_norm else 0)
-        total = v * h + d.num_layers * (attn + 3 * h * i + norms) + h
+        tree = dict(encoder.param_shapes(cfg, dtype_of(dtype), pooler))
     if head == "value":
-        return total + h + 1
-    if d.family == "llama" and not d.tie_word_embeddings:
-        total += v * h
-    return total
+        tree["value_head"] = _eval_shape(lambda k: value_head_init(k, cfg.hidden_size))
+    return tree
 
 
-def lora_shapes(d: Dims) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each LoRA-targetable projection of one decoder layer."""
-    h, i = d.hidden_size, d.intermediate_size
-    q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+def dtype_of(dtype: Any) -> Any:
+    import jax.numpy as jnp
+
+    dtype_bytes(dtype)  # the clear message for an unknown name
+    return jnp.dtype(dtype)
 
 
-def count_lora_params(d: Dims, rank: int, targets: Sequence[str]) -> int:
+def count_params(config: Any, head: str | None = None, pooler: bool = False) -> int:
+    """Exact parameter count of the model (see `param_shapes`)."""
+    return tree_size(param_shapes(config, "float32", head, pooler))
+
+
+def lora_shapes(config: Any, rank: int, targets: Sequence[str], dtype: Any = "float32") -> Any:
+    """The adapters `jaxrl_hier.llm.init_lora` creates, as ShapeDtypeStructs."""
+    from jaxrl_hier.llm.lora import LoraConfig, init_lora
+
+    cfg = model_config_of(config)
+    lora_config = LoraConfig(rank=int(rank), target_modules=tuple(targets), dtype=str(dtype_of(dtype)))
+    return _eval_shape(lambda k: init_lora(cfg, lora_config, k)).params
+
+
+def count_lora_params(config: Any, rank: int, targets: Sequence[str]) -> int:
     """Parameters of the LoRA adapters: rank * (in + out) per targeted projection per layer."""
-    shapes = lora_shapes(d)
-    unknown = [t for t in targets if t not in shapes]
-    if unknown:
-        raise ConfigError(f"unknown LoRA target(s) {unknown}; choose from {list(shapes)}.")
-    return d.num_layers * sum(rank * sum(shapes[t]) for t in targets)
+    return tree_size(lora_shapes(config, rank, targets))
 
 
-def kv_cache_bytes(d: Dims, batch: int, max_len: int, dtype: Any) -> int:
-    """Bytes of a full (unsharded) KV cache: keys and values for every layer and slot."""
-    return 2 * d.num_layers * batch * max_len * d.num_kv_heads * d.head_dim * dtype_bytes(dtype)
+def make_optimizer(learning_rate: float = 1e-5, max_grad_norm: float = 1.0) -> Any:
+    """The optimiser whose state the planner counts: global-norm clipping + AdamW, as jaxrl_hier.llm_rl
+    trains (two moments in the parameters' dtype and a step count)."""
+    import optax
+
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(learning_rate))
 
 
-def _layer_working_set(d: Dims, batch: int, seq: int, act_bytes: int, tensor: int) -> int:
-    """Bytes one layer holds live: B*T*(8H + 3I) values plus fp32 attention scores B*heads*T*T."""
-    values = batch * seq * (8 * d.hidden_size + 3 * d.intermediate_size // tensor)
-    scores = batch * max(d.num_heads // tensor, 1) * seq * seq * 4
-    return values * act_bytes + scores
+def optimizer_bytes(trainable: Any) -> int:
+    """Bytes of `make_optimizer()`'s state for a tree of trainable arrays or ShapeDtypeStructs."""
+    import jax
+
+    return tree_nbytes(jax.eval_shape(make_optimizer().init, trainable))
 
 
-def activation_bytes(d: Dims, spec: ModelSpec, batch: int, tensor: int) -> int:
-    """Activation bytes per device for the model's batch slice (see the module docstring)."""
+def kv_cache_bytes(config: Any, batch: int, max_len: int, dtype: Any) -> int:
+    """Bytes of a full (unsharded) KV cache from `decoder.init_cache`: keys and values of every layer."""
+    from jaxrl_hier.llm import decoder
+
+    cfg = model_config_of(config)
+    if not cfg.is_decoder:
+        raise ConfigError(f"a {cfg.model_type} encoder has no KV cache; set kv_cache_len=0.")
+    return tree_nbytes(_eval_shape(lambda k: decoder.init_cache(cfg, int(batch), int(max_len), dtype_of(dtype))))
+
+
+def layer_activation_bytes(config: ModelConfig, batch: int, seq: int, act_bytes: int, *, tensor: int = 1,
+                           flash_attention: bool = False, lora_values: int = 0, lora_bytes: int = 4) -> int:
+    """Bytes one layer keeps for the backward pass of a [batch, seq] slice (module docstring).
+
+    `lora_values`: the rank values per token of all of the layer's adapters (rank * number of targets)."""
+    c = config
+    q, kv = c.num_heads * c.head_dim // tensor, max(c.num_kv_heads // tensor, 1) * c.head_dim
+    extra = int(c.rope) + int(c.qk_norm)  # rotated and / or normed copies of q and k
+    mlp = (4 if c.gated_mlp else 2) * c.intermediate_size // tensor
+    values = 4 * c.hidden_size + (2 + extra) * (q + kv) + mlp
+    tokens = batch * seq
+    out = tokens * (values * act_bytes + 2 * c.hidden_size * 4 + lora_values * lora_bytes)
+    if not flash_attention:
+        out += batch * max(c.num_heads // tensor, 1) * seq * seq * (4 + act_bytes)
+    return out
+
+
+def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) -> int:
+    """Activation bytes per device for `batch` rows (the per-device micro-batch) of `spec`."""
+    cfg = model_config_of(config)
     act = dtype_bytes(spec.dtype)
     seq = spec.seq_len
-    layer = _layer_working_set(d, batch, seq, act, tensor)
-    logit_copies = 0 if spec.head == "value" else (2 if spec.train != "frozen" else 1)
-    logits = logit_copies * batch * seq * d.vocab_size * 4
-    if spec.train == "frozen":
-        return layer + logits
+    head = _head_of(cfg, spec.head)
+    lora_values = 0
+    if spec.train == "lora":
+        from jaxrl_hier.llm.lora import resolve_targets
+
+        lora_values = spec.lora_rank * len(resolve_targets(cfg, spec.lora_targets))
+    layer = layer_activation_bytes(cfg, batch, seq, act, tensor=tensor, flash_attention=spec.flash_attention,
+                                   lora_values=lora_values, lora_bytes=dtype_bytes(spec.lora_dtype))
+    training = spec.train != "frozen"
+    logits = 0
+    if head == "lm":
+        positions = seq if spec.logits_chunk <= 0 else min(spec.logits_chunk, max(seq - 1, 1))
+        copies = (4 if spec.logits_chunk <= 0 else 3) if training else 2
+        logits = copies * batch * positions * cfg.vocab_size * 4
+    edges = 2 * batch * seq * cfg.hidden_size * act
+    if not training:
+        return layer + logits + edges
     if spec.remat:
-        return d.num_layers * batch * seq * d.hidden_size * act + layer + logits
-    return d.num_layers * layer + logits
+        return cfg.num_layers * batch * seq * cfg.hidden_size * act + layer + logits + edges
+    return cfg.num_layers * layer + logits + edges
 
 
 def _validate(spec: ModelSpec, mesh: MeshShape, roles: set[str]) -> None:
@@ -282,13 +395,17 @@ def _validate(spec: ModelSpec, mesh: MeshShape, roles: set[str]) -> None:
         raise ConfigError(f"model '{spec.role}': train={spec.train!r}; use one of {TRAIN_MODES}.")
     if spec.train == "lora" and spec.lora_rank <= 0:
         raise ConfigError(f"model '{spec.role}': train='lora' needs lora_rank > 0.")
-    if spec.head not in ("lm", "value"):
-        raise ConfigError(f"model '{spec.role}': head={spec.head!r}; use 'lm' or 'value'.")
     if spec.shares_base_with is not None and spec.shares_base_with not in roles:
         raise ConfigError(f"model '{spec.role}' shares_base_with '{spec.shares_base_with}', "
                           f"which is not a model of this plan ({sorted(roles)}).")
-    if min(spec.batch, spec.seq_len) <= 0 or spec.kv_cache_len < 0:
-        raise ConfigError(f"model '{spec.role}': batch and seq_len must be positive, kv_cache_len >= 0.")
+    if spec.shares_base_with is not None and spec.train == "full":
+        raise ConfigError(f"model '{spec.role}': a fully trained model cannot share another's frozen base; "
+                          "use train='lora' or drop shares_base_with.")
+    if min(spec.batch, spec.seq_len) <= 0 or spec.kv_cache_len < 0 or spec.micro_batch < 0 or spec.head_params < 0:
+        raise ConfigError(f"model '{spec.role}': batch and seq_len must be positive; kv_cache_len, micro_batch "
+                          "and head_params >= 0.")
+    if spec.micro_batch > spec.batch:
+        raise ConfigError(f"model '{spec.role}': micro_batch {spec.micro_batch} exceeds batch {spec.batch}.")
     if min(mesh.data, mesh.fsdp, mesh.tensor) <= 0:
         raise ConfigError(f"mesh sizes must be positive, got {mesh}.")
 
@@ -299,36 +416,47 @@ def _ceil_div(a: int, b: int) -> int:
 
 def plan_model(spec: ModelSpec, mesh: MeshShape, roles: set[str] | None = None) -> ModelMemory:
     """Per-device bytes of one model under `mesh`."""
+    import jax
+    import jax.numpy as jnp
+
     _validate(spec, mesh, roles if roles is not None else {spec.role})
-    d = dims_of(spec.config)
+    cfg = model_config_of(spec.config)
     shards = mesh.fsdp * mesh.tensor
-    n_params = count_params(d, spec.head)
-    base = 0 if spec.shares_base_with else n_params * dtype_bytes(spec.dtype)
-    if spec.train == "lora":
-        trainable, train_dtype = count_lora_params(d, spec.lora_rank, spec.lora_targets), spec.lora_dtype
-    elif spec.train == "full":
-        trainable, train_dtype = n_params, spec.dtype
-    else:
-        trainable, train_dtype = 0, spec.dtype
-    lora_bytes = trainable * dtype_bytes(train_dtype) if spec.train == "lora" else 0
-    master = 4 if spec.fp32_master and dtype_bytes(train_dtype) != 4 else 0
+    base = param_shapes(cfg, spec.dtype, spec.head, spec.pooler)
+    n_params = tree_size(base) + spec.head_params
+    heads = [jax.ShapeDtypeStruct((spec.head_params,), jnp.float32)] if spec.head_params else []
+    adapters = lora_shapes(cfg, spec.lora_rank, spec.lora_targets, spec.lora_dtype) if spec.train == "lora" else []
+    trainable: Any = {"lora": [adapters, *heads], "full": [base, *heads], "frozen": []}[spec.train]
+    held_weights = tree_nbytes(adapters) + (0 if spec.shares_base_with else tree_nbytes(base) + tree_nbytes(heads))
+    grads = tree_nbytes(trainable)
+    optimizer = 0
+    if spec.train != "frozen":
+        if spec.fp32_master:  # a float32 master copy of what trains, with the moments kept over it
+            trainable = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.float32), trainable)
+            optimizer += tree_nbytes(trainable)
+        optimizer += optimizer_bytes(trainable)
     batch = _ceil_div(spec.batch, mesh.data * mesh.fsdp)
-    kv_heads_split = mesh.tensor if d.num_kv_heads % mesh.tensor == 0 else 1
-    cache = kv_cache_bytes(d, batch, spec.kv_cache_len, spec.dtype) // kv_heads_split
+    micro = _ceil_div(spec.micro_batch or spec.batch, mesh.data * mesh.fsdp)
+    cache = 0
+    if spec.kv_cache_len:
+        kv_heads_split = mesh.tensor if cfg.num_kv_heads % mesh.tensor == 0 else 1
+        cache = kv_cache_bytes(cfg, batch, spec.kv_cache_len, spec.dtype) // kv_heads_split
+    n_trainable = tree_size(trainable)
     return ModelMemory(
         role=spec.role,
-        params=_ceil_div(base + lora_bytes, shards),
-        grads=_ceil_div(trainable * dtype_bytes(train_dtype), shards),
-        optimizer=_ceil_div(trainable * (8 + master), shards),
+        params=_ceil_div(held_weights, shards),
+        grads=_ceil_div(grads, shards),
+        optimizer=_ceil_div(optimizer, shards),
         kv_cache=cache,
-        activations=activation_bytes(d, spec, batch, mesh.tensor),
-        num_params=n_params + (trainable if spec.train == "lora" else 0),
-        trainable_params=trainable,
+        activations=activation_bytes(cfg, spec, micro, mesh.tensor),
+        num_params=n_params + tree_size(adapters),
+        trainable_params=n_trainable,
+        phase=spec.phase or spec.role,
     )
 
 
 def plan(specs: Sequence[ModelSpec], mesh: MeshShape | Mapping[str, int] | None = None,
-         capacity_gib: float | None = None) -> MemoryPlan:
+         capacity_gib: float | None = None, title: str = "") -> MemoryPlan:
     """Plan the per-device memory of all models of a run; `capacity_gib` adds a fits / does-not-fit line."""
     if mesh is None:
         mesh = MeshShape()
@@ -342,16 +470,157 @@ def plan(specs: Sequence[ModelSpec], mesh: MeshShape | Mapping[str, int] | None 
         raise ConfigError(f"model roles must be distinct, got {roles}.")
     models = tuple(plan_model(s, mesh, set(roles)) for s in specs)
     cap = None if capacity_gib is None else int(capacity_gib * GIB)
-    return MemoryPlan(mesh, models, cap)
+    return MemoryPlan(mesh, models, cap, title)
 
 
-def tree_nbytes(tree: Any) -> int:
-    """Total bytes of the arrays of a pytree (for checking the planner against real arrays)."""
+# ----------------------------------------------------------------------------- the measured step
+
+
+def compiled_step_memory(config: Any, batch: int, seq_len: int, dtype: Any = "float32", *, lora_rank: int = 0,
+                         lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+                         logits_chunk: int = 128) -> dict[str, int]:
+    """XLA's `compiled.memory_analysis()` of the real training step of a decoder, compiled, not run.
+
+    The step is `jax.value_and_grad` of a token-level loss (minus the mean of
+    `jaxrl_hier.llm.token_logprobs` over a [batch, seq_len] batch), with respect to LoRA adapters
+    (`lora_rank > 0`, the frozen backbone an argument) or to all weights (`lora_rank=0`). Arguments
+    are ShapeDtypeStructs, so a model of any size is compiled without allocating it. Returns
+    temp (XLA's scratch: what the step holds beyond its arguments and outputs, i.e. the activations),
+    argument and output bytes.
+    """
     import jax
+    import jax.numpy as jnp
 
-    return int(sum(np.dtype(x.dtype).itemsize * int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(tree)))
+    from jaxrl_hier.llm.lora import Lora, LoraConfig, init_lora
+    from jaxrl_hier.llm.models import LanguageModel
+    from jaxrl_hier.llm.sampling import token_logprobs
+
+    cfg = model_config_of(config)
+    params = param_shapes(cfg, dtype, "lm")
+    lm = LanguageModel(cfg, params)
+    ids = jax.ShapeDtypeStruct((int(batch), int(seq_len)), jnp.int32)
+    if lora_rank > 0:
+        lora_config = LoraConfig(rank=int(lora_rank), target_modules=tuple(lora_targets))
+        adapters = _eval_shape(lambda k: init_lora(cfg, lora_config, k))
+
+        def loss(lora: Lora, base: Any, input_ids: Any, mask: Any) -> Any:
+            return -jnp.mean(token_logprobs(lm, base, input_ids, mask, lora, chunk_size=logits_chunk))
+
+        args: tuple = (adapters, params, ids, ids)
+    else:
+        def loss(base: Any, input_ids: Any, mask: Any) -> Any:  # type: ignore[misc]
+            return -jnp.mean(token_logprobs(lm, base, input_ids, mask, chunk_size=logits_chunk))
+
+        args = (params, ids, ids)
+    stats = jax.jit(jax.value_and_grad(loss)).lower(*args).compile().memory_analysis()
+    return {"temp_bytes": int(stats.temp_size_in_bytes), "argument_bytes": int(stats.argument_size_in_bytes),
+            "output_bytes": int(stats.output_size_in_bytes)}
 
 
-__all__ = ["Dims", "MeshShape", "ModelSpec", "ModelMemory", "MemoryPlan", "dims_of", "count_params",
-           "count_lora_params", "kv_cache_bytes", "activation_bytes", "plan", "plan_model", "dtype_bytes",
-           "tree_nbytes", "LORA_TARGETS"]
+# ----------------------------------------------------------------------------- the case that ran out
+
+#: the device the PyTorch guidance system ran out of memory on (PyTorch reports 44.53 GiB for it)
+ORIGINAL_CAPACITY_GIB = 44.53
+
+
+def llama_3_2_3b() -> ModelConfig:
+    """Llama-3.2-3B's architecture, written from its published config.json (no download)."""
+    return ModelConfig(
+        model_type="llama", family="llama", vocab_size=128256, hidden_size=3072, intermediate_size=8192,
+        num_layers=28, num_heads=24, num_kv_heads=8, head_dim=128, max_position_embeddings=131072, norm="rms",
+        norm_eps=1e-5, activation="silu", gated_mlp=True, rope=True, rope_theta=500000.0, rope_type="llama3",
+        rope_factor=32.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_positions=8192,
+        tie_word_embeddings=True)
+
+
+def roberta_base() -> ModelConfig:
+    """roberta-base's architecture, written from its published config.json (no download)."""
+    return ModelConfig(
+        model_type="roberta", family="roberta", vocab_size=50265, hidden_size=768, intermediate_size=3072,
+        num_layers=12, num_heads=12, num_kv_heads=12, head_dim=64, max_position_embeddings=514, norm="layer",
+        norm_eps=1e-5, activation="gelu", gated_mlp=False, rope=False, qkv_bias=True, o_bias=True, mlp_bias=True,
+        tie_word_embeddings=True, pad_token_id=1, type_vocab_size=1)
+
+
+def archer_head_params(hidden: int) -> int:
+    """ArCHer's four critic MLPs on the encoder's features: Q1, Q2 on [obs; action] (2H -> H -> H -> 1),
+    V1, V2 on the observation (H -> H -> H -> 1), with biases."""
+    q = 2 * hidden * hidden + hidden + hidden * hidden + hidden + hidden + 1
+    v = hidden * hidden + hidden + hidden * hidden + hidden + hidden + 1
+    return 2 * q + 2 * v
+
+
+def original_setup(micro_batch: int = 8, lora_rank: int = 16) -> tuple[list[ModelSpec], list[ModelSpec]]:
+    """(naive, ours): the guidance agent's models with the original's sizes (docs/llm_memory.md).
+
+    Sizes of the original: base (LLM) batch 16, critic batch 32 transitions (observation and action
+    encoded separately: 64 sequences), sequence length 512, micro-batches of `micro_batch` rows
+    (transitions for the critic). Naive: the PyTorch layout, three full bfloat16 copies of the LLM
+    (actor and guidance fully trained with AdamW, moments in bfloat16 as torch keeps them for
+    bfloat16 weights; a frozen reference), a float32 RoBERTa-base critic with ArCHer's heads, its
+    target copy and a separate RoBERTa-base value function; transformers' fused (SDPA) attention and
+    full [B, T, V] logits. Ours: one frozen bfloat16 backbone, actor and guidance as LoRA adapters
+    (rank `lora_rank` on all seven projections), the reference = adapters off, the same critic with
+    V1/V2 among its heads (no separate value function) and its target copy; scoring through
+    `token_logprobs` (128-position logit chunks) and the attention `jaxrl_hier.llm` computes (T x T
+    probabilities kept).
+    """
+    llm, enc = llama_3_2_3b(), roberta_base()
+    heads = archer_head_params(enc.hidden_size)
+    base, seq, critic_seqs = 16, 512, 64
+    micro = min(micro_batch, base)
+    lm_kw = dict(dtype="bfloat16", batch=base, seq_len=seq, micro_batch=micro)
+    critic_kw = dict(dtype="float32", batch=critic_seqs, seq_len=seq, micro_batch=2 * micro, head="none",
+                     pooler=True, head_params=heads, phase="critic")
+    all7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    naive = [
+        ModelSpec("actor (base)", llm, train="full", kv_cache_len=seq, flash_attention=True, logits_chunk=0,
+                  phase="actor", **lm_kw),
+        ModelSpec("reference", llm, train="frozen", flash_attention=True, logits_chunk=0, phase="actor", **lm_kw),
+        ModelSpec("guidance", llm, train="full", flash_attention=True, logits_chunk=0, phase="guidance", **lm_kw),
+        ModelSpec("critic", enc, train="full", flash_attention=True, **critic_kw),
+        ModelSpec("target critic", enc, train="frozen", flash_attention=True, **critic_kw),
+        ModelSpec("value function", enc, dtype="float32", train="full", batch=32, seq_len=seq, micro_batch=micro,
+                  head="value", pooler=True, flash_attention=True, phase="value"),
+    ]
+    lora_kw = dict(lora_rank=lora_rank, lora_targets=all7)
+    ours = [
+        ModelSpec("actor+backbone", llm, train="lora", kv_cache_len=seq, phase="actor", **lora_kw, **lm_kw),
+        ModelSpec("reference", llm, train="frozen", shares_base_with="actor+backbone", phase="actor", **lm_kw),
+        ModelSpec("guidance", llm, train="lora", shares_base_with="actor+backbone", phase="guidance", **lora_kw,
+                  **lm_kw),
+        ModelSpec("critic", enc, train="full", **critic_kw),
+        ModelSpec("target critic", enc, train="frozen", **critic_kw),
+    ]
+    return naive, ours
+
+
+def original_plans(micro_batch: int = 8, lora_rank: int = 16) -> tuple[MemoryPlan, MemoryPlan]:
+    """The two tables of the case that ran out: (naive copies, ours) against 44.53 GiB."""
+    naive, ours = original_setup(micro_batch, lora_rank)
+    return (plan(naive, capacity_gib=ORIGINAL_CAPACITY_GIB,
+                 title="(a) naive: full copies (base LLM, reference, guidance; critic, target critic, value fn)"),
+            plan(ours, capacity_gib=ORIGINAL_CAPACITY_GIB,
+                 title="(b) ours: one frozen backbone, LoRA actor and guidance, reference = adapters off"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m jaxrl_hier.llm.memory`: print the naive and our table for the original set-up."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Memory of the guidance agent (Llama-3.2-3B-shaped, bfloat16) on a "
+                                             f"{ORIGINAL_CAPACITY_GIB} GiB device: full copies vs LoRA roles.")
+    ap.add_argument("--micro-batch", type=int, default=8, help="rows per gradient micro-batch (original: 8)")
+    ap.add_argument("--lora-rank", type=int, default=16)
+    args = ap.parse_args(argv)
+    if not 1 <= args.micro_batch <= 16 or args.lora_rank < 1:
+        raise SystemExit("--micro-batch must be in 1..16 (the base batch is 16) and --lora-rank >= 1.")
+    naive, ours = original_plans(args.micro_batch, args.lora_rank)
+    print("Llama-3.2-3B-shaped LLM (bfloat16), RoBERTa-base critic (float32); base batch 16, critic batch 32, "
+          f"sequence 512, micro-batch {args.micro_batch}\n")
+    print(naive.table(), "\n")
+    print(ours.table())
+
+
+if __name__ == "__main__":
+    main()
