@@ -550,18 +550,22 @@ def archer_head_params(hidden: int) -> int:
     return 2 * q + 2 * v
 
 
-def original_setup(micro_batch: int = 8, lora_rank: int = 16) -> tuple[list[ModelSpec], list[ModelSpec]]:
+def original_setup(micro_batch: int = 4, lora_rank: int = 16) -> tuple[list[ModelSpec], list[ModelSpec]]:
     """(naive, ours): the guidance agent's models with the original's sizes (docs/llm_memory.md).
 
     Sizes of the original: base (LLM) batch 16, critic batch 32 transitions (observation and action
-    encoded separately: 64 sequences), sequence length 512, micro-batches of `micro_batch` rows
-    (transitions for the critic). Naive: the PyTorch layout, three full bfloat16 copies of the LLM
-    (actor and guidance fully trained with AdamW, moments in bfloat16 as torch keeps them for
-    bfloat16 weights; a frozen reference), a float32 RoBERTa-base critic with ArCHer's heads, its
-    target copy and a separate RoBERTa-base value function; transformers' fused (SDPA) attention and
-    full [B, T, V] logits. Ours: one frozen bfloat16 backbone, actor and guidance as LoRA adapters
-    (rank `lora_rank` on all seven projections), the reference = adapters off, the same critic with
-    V1/V2 among its heads (no separate value function) and its target copy; scoring through
+    encoded separately: 64 sequences), sequence length 512. Gradients are accumulated over
+    micro-batches of `micro_batch` rows (transitions for the critic): the original used 8; the
+    default 4 fits even by XLA's float32 figure for our actor step (docs/llm_memory.md).
+
+    Naive, the PyTorch layout: three full bfloat16 copies of the LLM (actor and guidance fully
+    trained with AdamW, moments in bfloat16 as torch keeps them for bfloat16 weights; a frozen
+    reference), a float32 RoBERTa-base critic (with pooler) with ArCHer's heads, its target copy and
+    a separate RoBERTa-base value function; transformers' fused (SDPA) attention, full [B, T, V] logits.
+
+    Ours: one frozen bfloat16 backbone, actor and guidance as LoRA adapters (rank `lora_rank` on all
+    seven projections), the reference = adapters off, the same critic with V1/V2 among its heads (no
+    separate value function; masked-mean features, no pooler) and its target copy; scoring through
     `token_logprobs` (128-position logit chunks) and the attention `jaxrl_hier.llm` computes (T x T
     probabilities kept).
     """
@@ -571,15 +575,15 @@ def original_setup(micro_batch: int = 8, lora_rank: int = 16) -> tuple[list[Mode
     micro = min(micro_batch, base)
     lm_kw = dict(dtype="bfloat16", batch=base, seq_len=seq, micro_batch=micro)
     critic_kw = dict(dtype="float32", batch=critic_seqs, seq_len=seq, micro_batch=2 * micro, head="none",
-                     pooler=True, head_params=heads, phase="critic")
+                     head_params=heads, phase="critic")
     all7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     naive = [
         ModelSpec("actor (base)", llm, train="full", kv_cache_len=seq, flash_attention=True, logits_chunk=0,
                   phase="actor", **lm_kw),
         ModelSpec("reference", llm, train="frozen", flash_attention=True, logits_chunk=0, phase="actor", **lm_kw),
         ModelSpec("guidance", llm, train="full", flash_attention=True, logits_chunk=0, phase="guidance", **lm_kw),
-        ModelSpec("critic", enc, train="full", flash_attention=True, **critic_kw),
-        ModelSpec("target critic", enc, train="frozen", flash_attention=True, **critic_kw),
+        ModelSpec("critic", enc, train="full", flash_attention=True, pooler=True, **critic_kw),
+        ModelSpec("target critic", enc, train="frozen", flash_attention=True, pooler=True, **critic_kw),
         ModelSpec("value function", enc, dtype="float32", train="full", batch=32, seq_len=seq, micro_batch=micro,
                   head="value", pooler=True, flash_attention=True, phase="value"),
     ]
@@ -595,7 +599,7 @@ def original_setup(micro_batch: int = 8, lora_rank: int = 16) -> tuple[list[Mode
     return naive, ours
 
 
-def original_plans(micro_batch: int = 8, lora_rank: int = 16) -> tuple[MemoryPlan, MemoryPlan]:
+def original_plans(micro_batch: int = 4, lora_rank: int = 16) -> tuple[MemoryPlan, MemoryPlan]:
     """The two tables of the case that ran out: (naive copies, ours) against 44.53 GiB."""
     naive, ours = original_setup(micro_batch, lora_rank)
     return (plan(naive, capacity_gib=ORIGINAL_CAPACITY_GIB,
@@ -610,7 +614,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     ap = argparse.ArgumentParser(description="Memory of the guidance agent (Llama-3.2-3B-shaped, bfloat16) on a "
                                              f"{ORIGINAL_CAPACITY_GIB} GiB device: full copies vs LoRA roles.")
-    ap.add_argument("--micro-batch", type=int, default=8, help="rows per gradient micro-batch (original: 8)")
+    ap.add_argument("--micro-batch", type=int, default=4,
+                    help="rows per gradient micro-batch (default 4; the original used 8, docs/llm_memory.md)")
     ap.add_argument("--lora-rank", type=int, default=16)
     args = ap.parse_args(argv)
     if not 1 <= args.micro_batch <= 16 or args.lora_rank < 1:
