@@ -1,0 +1,227 @@
+"""Evaluation of PGTS and its baselines on the same held-out problems with the same generator.
+
+Each method returns per-problem correctness and tokens generated (every sampled token counts,
+including those of abandoned branches):
+
+- `cot_greedy`: one greedy solution.
+- `sample_solutions` + `self_consistency` / `best_of_n`: N sampled solutions at the search
+  temperature; majority vote over their answers, or the one the reward model scores highest.
+- `mcts`: UCT over the same step actions as the search env (a child is one generated step; the
+  reward model's score is the value of a new node), `simulations` expansions per problem, then the
+  final node with the highest score answers.
+- `run_search`: the trained PGTS policy (greedy over its action distribution) driving the search
+  env, one compiled program vmapped over the problems.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.llm.sampling import generate
+from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.tasks import extract_answer
+from jaxrl_hier.tasks.answers import canonical_number
+from jaxrl_hier.tasks.jax_rewards import decode_completions
+
+
+def _batched_generate(lm, params, tokenizer, prompts: Sequence[str], *, prompt_length: int, max_new_tokens: int,
+                      temperature: float, key: jax.Array, batch_size: int = 256) -> tuple[list[str], np.ndarray, list]:
+    """Completions (texts, token counts, token ids up to EOS) of prompts, one static batch shape."""
+    pad, _, eos = special_ids(tokenizer)
+    enc = encode_prompts(tokenizer, prompts, prompt_length)
+    texts, lengths, ids = [], [], []
+    for start in range(0, len(prompts), batch_size):
+        a, m = enc.ids[start:start + batch_size], enc.mask[start:start + batch_size]
+        fill = batch_size - len(a)
+        if fill:
+            a, m = np.concatenate([a, a[:1].repeat(fill, 0)]), np.concatenate([m, m[:1].repeat(fill, 0)])
+        out = generate(lm, params, a, m, key=jax.random.fold_in(key, start), max_new_tokens=max_new_tokens,
+                       temperature=temperature, eos_token_id=eos, pad_token_id=pad, min_bucket=prompt_length)
+        tok, msk = np.asarray(out.tokens)[:len(a) - fill], np.asarray(out.mask)[:len(a) - fill]
+        texts += decode_completions(tokenizer, tok, msk)
+        lengths += msk.sum(-1).tolist()
+        ids += [row[mm > 0].tolist() for row, mm in zip(tok, msk)]
+    return texts, np.asarray(lengths), ids
+
+
+def summarize(name: str, correct: Sequence[bool], tokens: Sequence[float], **extra: Any) -> dict:
+    return {"method": name, "accuracy": float(np.mean(correct)), "tokens": float(np.mean(tokens)),
+            "problems": len(correct), **extra}
+
+
+def cot_greedy(lm, params, tokenizer, task, problems, *, prompt_length: int, max_new_tokens: int) -> dict:
+    texts, lengths, _ = _batched_generate(lm, params, tokenizer, [p.prompt for p in problems],
+                                          prompt_length=prompt_length, max_new_tokens=max_new_tokens,
+                                          temperature=0.0, key=jax.random.key(0))
+    correct = [task.is_correct(p, t) for p, t in zip(problems, texts)]
+    return summarize("CoT greedy", correct, lengths, completions=texts)
+
+
+def sample_solutions(lm, params, tokenizer, problems, n: int, *, prompt_length: int, max_new_tokens: int,
+                     temperature: float, seed: int) -> tuple[list[list[str]], np.ndarray, list[list[list[int]]]]:
+    """n sampled solutions per problem: texts [P][n], token counts [P, n], ids [P][n]."""
+    prompts = [p.prompt for p in problems for _ in range(n)]
+    texts, lengths, ids = _batched_generate(lm, params, tokenizer, prompts, prompt_length=prompt_length,
+                                            max_new_tokens=max_new_tokens, temperature=temperature,
+                                            key=jax.random.key(seed))
+    per = lambda xs: [xs[i * n:(i + 1) * n] for i in range(len(problems))]  # noqa: E731
+    return per(texts), np.asarray(lengths).reshape(len(problems), n), per(ids)
+
+
+def majority_answer(texts: Sequence[str]) -> str | None:
+    """The most common well-formed answer (ties: the one seen first), None if there is none."""
+    answers = [canonical_number(a) for a in (extract_answer(t) for t in texts) if a is not None]
+    answers = [a for a in answers if a is not None]
+    if not answers:
+        return None
+    counts = Counter(answers)
+    best = max(counts.values())
+    return next(a for a in answers if counts[a] == best)
+
+
+def self_consistency(task, problems, texts: list[list[str]], lengths: np.ndarray, n: int) -> dict:
+    correct = []
+    for p, ts in zip(problems, texts):
+        answer = majority_answer(ts[:n])
+        correct.append(answer is not None and task.is_correct(p, f"#### {answer}"))
+    return summarize(f"self-consistency@{n}", correct, lengths[:, :n].sum(-1), n=n)
+
+
+def best_of_n(task, problems, texts: list[list[str]], lengths: np.ndarray, scores: np.ndarray, n: int) -> dict:
+    """The solution the reward model scores highest among the first n."""
+    pick = np.argmax(scores[:, :n], axis=-1)
+    correct = [task.is_correct(p, ts[i]) for p, ts, i in zip(problems, texts, pick)]
+    return summarize(f"best-of-{n} (RM)", correct, lengths[:, :n].sum(-1), n=n)
+
+
+def score_solutions(rm, rm_params, tokenizer, problems, ids: list[list[list[int]]], *, prompt_length: int,
+                    step_tokens: int, max_depth: int) -> np.ndarray:
+    """Reward-model scores [P, n] of whole sampled solutions (the last prefix of each)."""
+    from jaxrl_hier.search.reward_model import build_path_data, score_paths
+
+    pad, _, eos = special_ids(tokenizer)
+    n = len(ids[0])
+    flat_ids = [x for row in ids for x in row]
+    enc = encode_prompts(tokenizer, [p.prompt for p in problems for _ in range(n)], prompt_length)
+    data = build_path_data(enc.ids, enc.mask, flat_ids, [False] * len(flat_ids),
+                           delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
+                           step_tokens=step_tokens, max_depth=max_depth)
+    last = np.r_[data.group[1:] != data.group[:-1], True]
+    scores = np.zeros(len(flat_ids), np.float32)
+    scores[data.group[last]] = score_paths(rm, rm_params, data.ids[last], data.mask[last])
+    return scores.reshape(len(problems), n)
+
+
+# ----------------------------------------------------------------------------- PGTS policy
+
+
+def make_search_runner(env, network, max_steps: int, greedy: bool = True):
+    """A jitted `run(net_params, env_params, problem_ids [P], key) -> final TreeState [P, ...]`:
+    the policy drives one search per problem until it ends (or `max_steps` actions)."""
+
+    def one(net_params, env_params, problem, key):
+        obs, state = env.reset_to(problem)
+
+        def cond(carry):
+            _, state, i, _ = carry
+            return (~state.done) & (i < max_steps)
+
+        def body(carry):
+            obs, state, i, key = carry
+            key, k_act, k_env = jax.random.split(key, 3)
+            pi, _ = network.apply(net_params, obs)
+            action = jnp.argmax(pi.logits, -1) if greedy else pi.sample(seed=k_act)
+            obs, state, *_ = env.step(k_env, state, action, env_params)
+            return obs, state, i + 1, key
+
+        _, state, steps, _ = jax.lax.while_loop(cond, body, (obs, state, jnp.int32(0), key))
+        return state, steps
+
+    def run(net_params, env_params, problems, key):
+        keys = jax.random.split(key, problems.shape[0])
+        return jax.vmap(one, in_axes=(None, None, 0, 0))(net_params, env_params, problems, keys)
+
+    return jax.jit(run)
+
+
+def run_search(runner, net_params, env_params, num_problems: int, seed: int = 0) -> tuple[Any, dict]:
+    """Final trees of problems 0..num_problems-1 of `env_params` and the PGTS summary row."""
+    states, steps = runner(net_params, env_params, jnp.arange(num_problems), jax.random.key(seed))
+    states = jax.device_get(states)
+    row = summarize("PGTS (policy)", np.asarray(states.correct), np.asarray(states.tokens_used),
+                    nodes=float(np.mean(states.num_nodes)), actions=float(np.mean(steps)))
+    return states, row
+
+
+# ----------------------------------------------------------------------------- MCTS
+
+
+def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed: int = 0) -> tuple[Any, dict]:
+    """UCT over step actions (see the module docstring); `env` needs max_nodes >= simulations + 1.
+
+    Selection descends from the root by UCT (Q + c sqrt(ln N_parent / N_child)) while the node is
+    fully expanded (max_children) and not final; a node with room gets a new generated child
+    (batched over problems: one compiled call per simulation), whose reward-model score is the
+    value backed up along the path. Final nodes and nodes at max_depth are re-valued, not expanded.
+    """
+    expand = jax.jit(jax.vmap(env.generate_child, in_axes=(0, 0, 0, None)))
+    reset = jax.vmap(env.reset_to)
+    _, states = reset(jnp.arange(num_problems))
+    p_idx = np.arange(num_problems)
+    visits = np.zeros((num_problems, env.max_nodes))
+    value = np.zeros((num_problems, env.max_nodes))
+    key = jax.random.key(seed)
+    for sim in range(simulations):
+        host = jax.device_get(states)
+        parent, depth, final, score = host.parent, host.depth, host.final, host.score
+        children, num = host.children, host.num_nodes
+        leaves = np.zeros(num_problems, np.int32)
+        paths = []
+        for p in range(num_problems):
+            node, path = 0, [0]
+            while True:
+                if final[p, node] or depth[p, node] >= env.max_depth or children[p, node] < env.max_children:
+                    break
+                kids = [k for k in range(1, int(num[p])) if parent[p, k] == node]
+                logn = math.log(max(visits[p, node], 1))
+                node = max(kids, key=lambda k: value[p, k] / max(visits[p, k], 1e-9)
+                           + c * math.sqrt(logn / max(visits[p, k], 1e-9)))
+                path.append(node)
+            leaves[p] = node
+            paths.append(path)
+        grow = np.array([not final[p, leaves[p]] and depth[p, leaves[p]] < env.max_depth for p in p_idx])
+        new = jax.device_get(expand(jax.random.split(jax.random.fold_in(key, sim), num_problems), states,
+                                    jnp.asarray(leaves), env_params))
+        states = jax.tree.map(lambda a, b: jnp.asarray(np.where(grow.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)),
+                              new, host)
+        for p in p_idx:
+            if grow[p]:
+                child = int(num[p])
+                paths[p].append(child)
+                v = float(new.score[p, child])
+            else:
+                v = float(score[p, leaves[p]])
+            for node in paths[p]:
+                visits[p, node] += 1
+                value[p, node] += v
+    host = jax.device_get(states)
+    correct, picked = [], []
+    for p in p_idx:
+        finals = [k for k in range(1, int(host.num_nodes[p])) if host.final[p, k]]
+        best = max(finals, key=lambda k: host.score[p, k]) if finals else int(np.argmax(visits[p, 1:]) + 1)
+        picked.append(best)
+    answers = jax.vmap(env.is_correct, in_axes=(0, 0, None))(states, jnp.asarray(picked), env_params)
+    correct = np.asarray(answers)
+    states = states.replace(current=jnp.asarray(picked, jnp.int32), correct=jnp.asarray(correct))
+    return jax.device_get(states), summarize(f"MCTS ({simulations} simulations)", correct,
+                                             np.asarray(host.tokens_used), simulations=simulations)
+
+
+__all__ = ["best_of_n", "cot_greedy", "majority_answer", "make_search_runner", "mcts", "run_search",
+           "sample_solutions", "score_solutions", "self_consistency", "summarize"]

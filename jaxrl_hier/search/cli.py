@@ -1,0 +1,470 @@
+"""`python -m jaxrl_hier.train --config configs/pgts_arithmetic.yaml`: the whole PGTS pipeline.
+
+The `pgts` entry of `jaxrl_hier.train.ALGORITHMS`. Stages, each skipped when its output exists in
+the run directory (so a killed run resumes at the stage it was in):
+
+    sft/                 generator warm-start on worked multi-step arithmetic (jaxrl_hier.llm_rl.sft):
+                         metrics.jsonl, checkpoints/, model/, DONE
+    reward_model/        sampled solutions labelled by their final answer, a classification head
+                         trained on partial paths: metrics.jsonl (loss per step), checkpoints/, DONE
+                         (held-out accuracy and AUC)
+    metrics.jsonl        PGTS PPO, one record per log_every updates (return, training accuracy of
+                         finished searches, losses, search steps/s) and eval/* every eval_every
+    checkpoints/         Orbax checkpoints of the PPO runner state (--resume continues exactly)
+    trees.txt            one searched held-out tree per evaluation, as text (steps, scores, path)
+    learning_curve.png   return, training and held-out accuracy against PPO updates
+    eval/                results.json, table.md, accuracy_vs_tokens.png, trees of PGTS and MCTS:
+                         PGTS against CoT greedy, self-consistency, best-of-N and MCTS on the same
+                         held-out problems
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
+
+
+def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
+    from jaxrl_hier.tasks import ArithmeticTask, build_char_tokenizer
+
+    task = ArithmeticTask(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
+                          worked=True)
+    if config.model_path is None:
+        return task, build_char_tokenizer()
+    from jaxrl_hier.llm.checkpoint import _load_tokenizer
+
+    if not Path(config.model_path).is_dir():
+        raise ConfigError(f"model_path {config.model_path} is not a local directory (nothing is downloaded).")
+    tokenizer = _load_tokenizer(Path(config.model_path))
+    if tokenizer is None:
+        raise ConfigError(f"{config.model_path} holds no tokenizer (tokenizer.json); PGTS needs one.")
+    return task, tokenizer
+
+
+def check_inputs(config: PGTSConfig, task: Any, tokenizer: Any) -> None:
+    """Prompts, steps and whole solutions must fit the static shapes: checked before anything compiles."""
+    from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
+    from jaxrl_hier.search.reward_model import split_steps
+    from jaxrl_hier.tasks.jax_rewards import answer_token_spec
+
+    _, _, eos = special_ids(tokenizer)
+    answer_token_spec(tokenizer)
+    if tokenizer.convert_tokens_to_ids("\n") in (None, tokenizer.unk_token_id):
+        raise ConfigError("the tokenizer has no token for the step delimiter '\\n'.")
+    sample = task.problems("train", 64, config.seed) + task.problems("test", 16, config.seed)
+    encode_prompts(tokenizer, [p.prompt for p in sample], config.max_prompt_length)
+    ids, mask, truncated = encode_completions(tokenizer, [p.target for p in sample], config.cot_max_tokens)
+    if truncated:
+        raise ConfigError(f"{truncated} of {len(sample)} worked solutions are longer than max_depth x step_tokens = "
+                          f"{config.cot_max_tokens} tokens; raise max_depth or step_tokens.")
+    delimiter = tokenizer.convert_tokens_to_ids("\n")
+    for row, m in zip(ids, mask):
+        steps = split_steps(row[m > 0].tolist(), delimiter, eos, 10**6)
+        if max(len(s) for s in steps) > config.step_tokens:
+            raise ConfigError(f"a worked step has {max(len(s) for s in steps)} tokens but step_tokens is "
+                              f"{config.step_tokens}; raise step_tokens.")
+        if len(steps) > config.max_depth:
+            raise ConfigError(f"a worked solution has {len(steps)} steps but max_depth is {config.max_depth}; "
+                              "raise max_depth.")
+
+
+def build_env(config: PGTSConfig, lm: Any, rm: Any, tokenizer: Any, *, max_nodes: int | None = None,
+              max_children: int | None = None, token_budget: int | None = None):
+    from jaxrl_hier.llm_rl.data import special_ids
+    from jaxrl_hier.search.env import SearchEnv
+
+    pad, _, eos = special_ids(tokenizer)
+    return SearchEnv(lm, rm.score, prompt_length=config.max_prompt_length,
+                     max_nodes=max_nodes or config.max_nodes, max_depth=config.max_depth,
+                     max_children=max_children or config.max_children, step_tokens=config.step_tokens,
+                     token_budget=token_budget or config.token_budget, temperature=config.temperature,
+                     delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
+                     final_ids=(tokenizer.convert_tokens_to_ids("#"),))
+
+
+def env_params_for(config: PGTSConfig, env: Any, lm_params: Any, rm_params: Any, tokenizer: Any, problems) -> Any:
+    from jaxrl_hier.llm_rl.data import encode_prompts
+    from jaxrl_hier.tasks.jax_rewards import answer_token_spec, encode_answers
+
+    enc = encode_prompts(tokenizer, [p.prompt for p in problems], config.max_prompt_length)
+    return env.make_params(lm_params, rm_params, enc.ids, enc.mask, encode_answers(tokenizer, [p.answer for p in problems]),
+                           answer_token_spec(tokenizer),
+                           costs=(config.cost_expand, config.cost_branch, config.cost_backtrack, config.cost_terminate),
+                           correct_reward=config.correct_reward)
+
+
+# ----------------------------------------------------------------------------- reward model stage
+
+
+def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any) -> tuple[Any, dict, dict]:
+    """Sample, label, train and evaluate the reward model (or load it); returns (rm, params, summary)."""
+    import jax
+
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.io import atomic_write_json
+    from jaxrl_hier.logging import MetricsWriter
+    from jaxrl_hier.search.reward_model import (RewardModel, evaluate_reward_model, sample_path_data,
+                                                train_reward_model)
+    from jaxrl_hier.train import is_primary, log
+
+    stage = out / "reward_model"
+    rm = RewardModel(lm)
+    params = rm.init(jax.random.key(config.seed + 11), lm.params)  # backbone: a copy of the generator
+    meta = {"stage": "reward_model", "hidden": int(lm.config.hidden_size)}
+    ckpt = Checkpointer(stage / "checkpoints", keep=1)
+    try:
+        if (stage / "DONE").is_file():
+            info = json.loads((stage / "DONE").read_text())
+            params, _ = ckpt.restore(ckpt.latest_step(), params, expect=meta)
+            log(f"reward model stage already complete ({stage}): held-out accuracy {info['eval']['accuracy']:.3f}, "
+                f"AUC {info['eval']['auc']:.3f}")
+            return rm, params, info
+        t0 = time.perf_counter()
+        common = dict(temperature=config.temperature, prompt_length=config.max_prompt_length,
+                      step_tokens=config.step_tokens, max_depth=config.max_depth)
+        train_data, train_info = sample_path_data(lm, lm.params, tokenizer, task,
+                                                  task.problems("train", config.rm_problems, config.seed + 1),
+                                                  samples=config.rm_samples, key=jax.random.key(config.seed + 12),
+                                                  **common)
+        test_data, test_info = sample_path_data(lm, lm.params, tokenizer, task,
+                                                task.problems("test", config.rm_eval_problems, config.seed + 1),
+                                                samples=config.rm_samples, key=jax.random.key(config.seed + 13),
+                                                **common)
+        log(f"reward model data: {train_info['examples']} partial paths from {train_info['solutions']} solutions "
+            f"(sampled accuracy {train_info['solution_accuracy']:.3f}); held-out {test_info['examples']}")
+        before = evaluate_reward_model(rm, params, test_data)
+        writer = MetricsWriter(stage, primary=is_primary())
+        writer.truncate_after(0)
+        try:
+            params, losses = train_reward_model(
+                rm, params, train_data, steps=config.rm_steps, batch_size=config.rm_batch_size,
+                learning_rate=config.rm_learning_rate, seed=config.seed,
+                on_step=lambda i, loss: writer.write({"update": i, "step": i, "loss": loss})
+                if i % config.log_every == 0 or i == config.rm_steps else None)
+        finally:
+            writer.close()
+        ev = evaluate_reward_model(rm, params, test_data)
+        ckpt.save(config.rm_steps, params, meta)
+        ckpt.wait()
+        info = {"train": train_info, "held_out": test_info, "eval_before": before, "eval": ev,
+                "final_train_loss": float(sum(losses[-20:]) / len(losses[-20:])), "time_s": time.perf_counter() - t0}
+        if is_primary():
+            atomic_write_json(stage / "DONE", info)
+        log(f"reward model: held-out accuracy {ev['accuracy']:.3f} (AUC {ev['auc']:.3f}; untrained "
+            f"{before['accuracy']:.3f} / {before['auc']:.3f}) in {info['time_s']:.0f}s")
+        return rm, params, info
+    finally:
+        ckpt.close()
+
+
+# ----------------------------------------------------------------------------- plots and tables
+
+
+def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.io import atomic_write_bytes
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    pts = [(r["update"], r.get("episode_return"), r.get("achievement/correct")) for r in records
+           if r.get("episode_return") is not None]
+    if pts:
+        u, ret, acc = zip(*pts)
+        axes[0].plot(u, ret, label="episode return")
+        axes[1].plot(u, acc, label="train accuracy (sampled policy)", alpha=0.8)
+    ev = [(r["update"], r["eval/accuracy"]) for r in records if r.get("eval/accuracy") is not None]
+    if ev:
+        axes[1].plot(*zip(*ev), "o-", color="black", label="held-out accuracy (greedy policy)")
+    axes[0].set(xlabel="PPO update", ylabel="return", title=title)
+    axes[1].set(xlabel="PPO update", ylabel="accuracy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def results_table(rows: list[dict]) -> str:
+    """Markdown: method, accuracy, tokens per problem, tokens relative to CoT greedy."""
+    cot = next((r["tokens"] for r in rows if r["method"] == "CoT greedy"), None)
+    lines = ["| method | accuracy | tokens / problem | tokens vs CoT |", "|---|---:|---:|---:|"]
+    for r in rows:
+        rel = f"{r['tokens'] / cot:.2f}x" if cot else "n/a"
+        lines.append(f"| {r['method']} | {100 * r['accuracy']:.1f}% | {r['tokens']:.1f} | {rel} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.io import atomic_write_bytes
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    families: dict[str, list[dict]] = {}
+    for r in rows:
+        families.setdefault(r["method"].split("@")[0].split(" (")[0].split("-of-")[0], []).append(r)
+    for name, rs in families.items():
+        rs = sorted(rs, key=lambda r: r["tokens"])
+        ax.plot([r["tokens"] for r in rs], [100 * r["accuracy"] for r in rs], "o-", label=name)
+        for r in rs:
+            ax.annotate(r["method"].replace(name, "").strip(" @()") or "", (r["tokens"], 100 * r["accuracy"]),
+                        fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="tokens generated per problem", ylabel="held-out accuracy (%)", title=title, xscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any, problems: list,
+                 policy: tuple[Any, Any] | None, *, sc_samples: tuple[int, ...] | None = None,
+                 mcts_simulations: tuple[int, ...] | None = None) -> tuple[list[dict], dict[str, str]]:
+    """Every method on `problems`: rows (accuracy, tokens) and text renderings of one tree each for
+    PGTS and MCTS. `policy` = (runner, network params) of a trained PGTS policy, or None."""
+    import numpy as np
+
+    from jaxrl_hier.search import baselines as B
+    from jaxrl_hier.search.env import render_tree
+
+    common = dict(prompt_length=config.max_prompt_length, max_new_tokens=config.cot_max_tokens)
+    rows = [B.cot_greedy(lm, lm.params, tokenizer, task, problems, **common)]
+    rows[0].pop("completions")
+    sizes = tuple(sc_samples or config.sc_samples)
+    texts, lengths, ids = B.sample_solutions(lm, lm.params, tokenizer, problems, max(sizes),
+                                             temperature=config.temperature, seed=config.seed + 21, **common)
+    scores = B.score_solutions(rm, rm_params, tokenizer, problems, ids, prompt_length=config.max_prompt_length,
+                               step_tokens=config.step_tokens, max_depth=config.max_depth)
+    rows.append(B.summarize("sampled path@1", [task.is_correct(p, t[0]) for p, t in zip(problems, texts)],
+                            lengths[:, 0]))
+    for n in sizes:
+        rows.append(B.self_consistency(task, problems, texts, lengths, n))
+        rows.append(B.best_of_n(task, problems, texts, lengths, scores, n))
+    trees: dict[str, str] = {}
+    for sims in mcts_simulations or (config.mcts_simulations,):
+        menv = build_env(config, lm, rm, tokenizer, max_nodes=sims + 1, max_children=config.mcts_children,
+                         token_budget=10**9)
+        mparams = env_params_for(config, menv, lm.params, rm_params, tokenizer, problems)
+        mstates, row = B.mcts(menv, mparams, len(problems), simulations=sims, c=config.mcts_c, seed=config.seed)
+        rows.append(row)
+        trees[f"MCTS ({sims} simulations)"] = render_tree(menv, _index(mstates, 0), tokenizer, problems[0].prompt,
+                                                          problems[0].answer)
+    if policy is not None:
+        runner, net_params = policy
+        env = build_env(config, lm, rm, tokenizer)
+        params = env_params_for(config, env, lm.params, rm_params, tokenizer, problems)
+        states, row = B.run_search(runner, net_params, params, len(problems), seed=config.seed)
+        rows.append(row)
+        trees["PGTS"] = render_tree(env, _index(states, 0), tokenizer, problems[0].prompt, problems[0].answer)
+    for r in rows:
+        r["accuracy"] = float(np.round(r["accuracy"], 6))
+    return rows, trees
+
+
+def _index(tree: Any, i: int) -> Any:
+    import jax
+
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+# ----------------------------------------------------------------------------- the pipeline
+
+
+def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
+    """The `pgts` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
+    from jaxrl_hier.train import (check_resume_changes, load_saved_config, log, refuse_existing_run,
+                                  resolve_output_dir, save_run_config, sync_processes)
+
+    config = build_dataclass(PGTSConfig, raw_config, source=getattr(args, "config_source", "config"))
+    if args.resume:
+        out = args.output_dir
+        if out is None:
+            raise ConfigError("--resume needs --output-dir (the run directory to continue).")
+        check_resume_changes(load_saved_config(PGTSConfig, out), config, PGTS_RESUME_SAFE_KEYS)
+    else:
+        out = resolve_output_dir(args, f"pgts-{config.task}")
+        refuse_existing_run(out)
+        for stage in ("sft", "reward_model", "eval"):
+            if (out / stage).exists():
+                raise ConfigError(f"{out} already holds a {stage}/ stage: pass --resume, or choose another --output-dir.")
+    task, tokenizer = make_task_and_tokenizer(config)
+    check_inputs(config, task, tokenizer)
+    config.ppo_config().validate()
+
+    import jax
+
+    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
+
+    sft_cfg = config.sft_config()
+    mesh = build_mesh(sft_cfg)
+    lm, tokenizer = build_policy(sft_cfg, tokenizer, mesh=mesh)
+    sync_processes("jaxrl_hier.search:checked")
+    save_run_config(out / "config.yaml", "pgts", config)
+    t0 = time.perf_counter()
+    times: dict[str, float] = {}
+    sft_info: dict = {}
+    if config.sft_steps:
+        tick = time.perf_counter()
+        lm, sft_info = run_sft_stage(sft_cfg, args, out, lm, tokenizer, task, mesh)
+        times["sft_s"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task)
+    times["reward_model_s"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    runner_fn, net_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task)
+    times["ppo_s"] = time.perf_counter() - tick
+    tick = time.perf_counter()
+    rows = run_eval_stage(config, out, lm, rm, rm_params, tokenizer, task, (runner_fn, net_params),
+                          {"sft": sft_info, "reward_model": rm_info.get("eval")})
+    times["eval_s"] = time.perf_counter() - tick
+    by = {r["method"]: r for r in rows}
+    pg, cot = by.get("PGTS (policy)"), by.get("CoT greedy")
+    log(f"done in {time.perf_counter() - t0:.0f}s ({', '.join(f'{k} {v:.0f}' for k, v in times.items())}): "
+        + (f"PGTS {100 * pg['accuracy']:.1f}% at {pg['tokens']:.1f} tokens vs CoT greedy {100 * cot['accuracy']:.1f}% "
+           f"at {cot['tokens']:.1f}" if pg and cot else "") + f"; outputs in {out}")
+    return 0
+
+
+def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: Any, rm: Any, rm_params: Any,
+                  tokenizer: Any, task: Any) -> tuple[Any, Any]:
+    """Train the GPS policy with PPO on the search env (resumable); returns (search runner, network params)."""
+    import jax
+    import numpy as np
+
+    from jaxrl_hier.algorithms.ppo import make_train, metrics_to_records
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.io import atomic_write_text
+    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+    from jaxrl_hier.search.baselines import make_search_runner, run_search
+    from jaxrl_hier.search.env import render_tree
+    from jaxrl_hier.train import _merge_chunk, is_primary, log, progress_bar
+
+    env = build_env(config, lm, rm, tokenizer)
+    train_problems = task.problems("train", config.train_problems, config.seed + 2)
+    env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, train_problems)
+    test = task.problems("test", config.eval_problems, config.seed)
+    test_params = env_params_for(config, env, lm.params, rm_params, tokenizer, test)
+    ppo_cfg = config.ppo_config()
+    trainer = make_train(ppo_cfg, env=env, env_params=env_params)
+    max_actions = config.max_nodes * (config.max_depth + 1) + 1
+    search = make_search_runner(env, trainer.network, max_actions)
+    net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)
+    meta = {"stage": "pgts_ppo", "max_nodes": config.max_nodes, "max_depth": config.max_depth,
+            "num_envs": config.num_envs, "policy_hidden_size": config.policy_hidden_size}
+    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
+    runner = trainer.init(jax.random.key(config.seed))
+    total = config.num_updates
+    start = 0
+    trees_path = out / "trees.txt"
+    primary = is_primary()
+    writer = MetricsWriter(out, primary=primary)
+    try:
+        if ckpt.latest_step() is not None:
+            start = ckpt.latest_step()
+            runner, _ = ckpt.restore(start, runner, expect=meta)
+            log(f"PGTS PPO resumed at update {start}")
+        writer.truncate_after(start)
+        trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() and start else []
+        trees = [t for t in trees if t.strip() and _tree_update(t) <= start]
+
+        def evaluate(update: int, rec: dict) -> None:
+            states, row = run_search(search, net(runner), test_params, len(test), seed=config.seed)
+            rec.update({"eval/accuracy": row["accuracy"], "eval/tokens": row["tokens"], "eval/nodes": row["nodes"],
+                        "eval/actions": row["actions"]})
+            text = render_tree(env, jax.tree.map(lambda x: x[0], states), tokenizer, test[0].prompt, test[0].answer)
+            trees.append(f"update {update}: held-out accuracy {100 * row['accuracy']:.1f}%, "
+                         f"{row['tokens']:.1f} tokens / problem\n{text}")
+            if primary:
+                atomic_write_text(trees_path, "".join(f"=== {t.removeprefix('=== ')}\n\n" for t in trees))
+
+        if start == 0 and total > 0:
+            rec = {"update": 0}
+            evaluate(0, rec)
+            writer.write(rec)
+        steps_per_update = ppo_cfg.steps_per_update
+        progress = progress_bar(args, total, start, "pgts ppo")
+        update = start
+        t0 = time.perf_counter()
+        while update < total:
+            n = min(config.log_every, total - update)
+            tick = time.perf_counter()
+            runner, metrics = trainer.update(runner, n)
+            metrics = jax.block_until_ready(metrics)
+            elapsed = time.perf_counter() - tick
+            update += n
+            rec = _merge_chunk(metrics_to_records(metrics, trainer.achievement_names))
+            rec.update(update=update, env_steps=update * steps_per_update, search_steps_per_s=n * steps_per_update / elapsed,
+                       time_s=time.perf_counter() - t0)
+            if (config.eval_every and update % config.eval_every == 0) or update == total:
+                evaluate(update, rec)
+            writer.write(rec)
+            if progress is not None:
+                progress.update(n)
+                acc = rec.get("achievement/correct")
+                progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
+                                     acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
+            if update == total or (config.checkpoint_every and update % config.checkpoint_every == 0):
+                ckpt.save(update, runner, meta)
+        if progress is not None:
+            progress.close()
+    finally:
+        ckpt.close()
+        writer.close()
+    if primary:
+        plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
+    return search, net(runner)
+
+
+def _tree_update(text: str) -> int:
+    try:
+        return int(text.removeprefix("=== ").split(":", 1)[0].split()[1])
+    except (IndexError, ValueError):
+        return 10**9
+
+
+def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any,
+                   policy: tuple[Any, Any], extra: dict) -> list[dict]:
+    """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
+    from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.train import is_primary, log
+
+    stage = out / "eval"
+    if (stage / "results.json").is_file():
+        rows = json.loads((stage / "results.json").read_text())["rows"]
+        log(f"evaluation stage already complete ({stage})")
+        return rows
+    test = task.problems("test", config.eval_problems, config.seed)
+    rows, trees = evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, policy)
+    if is_primary():
+        table = results_table(rows)
+        atomic_write_text(stage / "table.md", table)
+        atomic_write_text(stage / "trees.txt", "".join(f"=== {k}\n{v}\n\n" for k, v in trees.items()))
+        plot_accuracy_vs_tokens(rows, stage / "accuracy_vs_tokens.png", "held-out arithmetic")
+        atomic_write_json(stage / "results.json", {"rows": rows, "problems": len(test), **extra})
+        log("\n" + table)
+    return rows
+
+
+__all__ = ["run_pgts", "evaluate_all", "results_table", "check_inputs", "build_env", "env_params_for"]

@@ -1,0 +1,170 @@
+"""`PGTSConfig`: one frozen config for the whole PGTS pipeline (generator SFT, reward model, PGTS
+PPO, evaluation against the baselines), validated at load (`validate`) before anything compiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxrl_hier.config import ConfigError
+
+
+@dataclass(frozen=True)
+class PGTSConfig:
+    seed: int = 0
+
+    # ---- task: procedural arithmetic with worked steps (one operation per line)
+    task: Literal["arithmetic"] = "arithmetic"
+    task_operators: str = "+-"
+    task_digits: int = 1
+    task_steps: int = 3
+
+    # ---- generator: a tiny Qwen2-shaped model trained from scratch by SFT (or a local HF directory)
+    model_path: str | None = None
+    model_hidden_size: int = 128
+    model_layers: int = 2
+    model_heads: int = 4
+    model_kv_heads: int = 2
+    model_intermediate_size: int = 384
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_prompt_length: int = 10  # BOS + prompt, left-padded
+    sft_steps: int = 300
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 3e-3
+    sft_warmup_steps: int = 30
+    sft_checkpoint_every: int = 100
+
+    # ---- the search tree
+    max_nodes: int = 12
+    max_depth: int = 5
+    max_children: int = 3
+    step_tokens: int = 10
+    token_budget: int = 60
+    temperature: float = 1.0  # the generator's sampling temperature for steps (search, self-consistency, MCTS)
+    cost_expand: float = 0.1
+    cost_branch: float = 0.2
+    cost_backtrack: float = 0.5
+    cost_terminate: float = 0.0
+    correct_reward: float = 1.0
+
+    # ---- reward model: sampled solutions of training problems, labelled by their final answer
+    rm_problems: int = 512
+    rm_samples: int = 4
+    rm_eval_problems: int = 128
+    rm_steps: int = 300
+    rm_batch_size: int = 64
+    rm_learning_rate: float = 1e-4
+
+    # ---- PGTS policy trained by PPO (jaxrl_hier.algorithms.ppo, network: gps)
+    train_problems: int = 1000
+    total_timesteps: int = 16384
+    num_envs: int = 32
+    num_steps: int = 16
+    update_epochs: int = 4
+    num_minibatches: int = 4
+    lr: float = 3e-4
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    policy_hidden_size: int = 64
+    policy_layers: int = 2
+
+    # ---- evaluation (held-out problems) and baselines
+    eval_problems: int = 256
+    eval_every: int = 8  # PPO updates between PGTS evaluations (0: only at the end)
+    sc_samples: tuple[int, ...] = (2, 4)  # self-consistency and best-of-N sizes
+    mcts_simulations: int = 16
+    mcts_children: int = 3
+    mcts_c: float = 1.0
+
+    # ---- logging and checkpoints
+    log_every: int = 1
+    checkpoint_every: int = 8
+    keep_checkpoints: int = 2
+
+    # Unused by this pipeline but read by the shared SFT / model set-up code (jaxrl_hier.llm_rl).
+    @property
+    def cot_max_tokens(self) -> int:
+        """The longest solution: max_depth steps of step_tokens (CoT and sampled paths)."""
+        return self.max_depth * self.step_tokens
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // (self.num_envs * self.num_steps)
+
+    def validate(self) -> None:
+        positive = ("task_digits", "task_steps", "model_hidden_size", "model_layers", "model_heads", "model_kv_heads",
+                    "model_intermediate_size", "max_prompt_length", "sft_batch_size", "max_nodes", "max_depth",
+                    "max_children", "step_tokens", "token_budget", "rm_problems", "rm_samples", "rm_eval_problems",
+                    "rm_steps", "rm_batch_size", "train_problems", "total_timesteps", "num_envs", "num_steps",
+                    "update_epochs", "num_minibatches", "policy_hidden_size", "policy_layers", "eval_problems",
+                    "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints")
+        for name in positive:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"'{name}' must be a positive integer, got {value!r}.")
+        for name in ("sft_steps", "sft_checkpoint_every", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
+        for name in ("temperature", "sft_learning_rate", "rm_learning_rate", "lr", "clip_eps"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"'{name}' must be > 0, got {getattr(self, name)}.")
+        for name in ("cost_expand", "cost_branch", "cost_backtrack", "cost_terminate", "correct_reward", "ent_coef",
+                     "vf_coef", "mcts_c"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
+            raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
+        if self.max_nodes < 2:
+            raise ConfigError(f"'max_nodes' must be >= 2 (the root and one step), got {self.max_nodes}.")
+        if self.model_heads % self.model_kv_heads:
+            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
+        if not self.sc_samples or any(not isinstance(n, int) or n < 1 for n in self.sc_samples):
+            raise ConfigError(f"'sc_samples' must be a non-empty list of positive integers, got {self.sc_samples!r}.")
+        if self.num_updates < 1:
+            raise ConfigError(f"total_timesteps ({self.total_timesteps}) is smaller than one PPO update of num_envs x "
+                              f"num_steps = {self.num_envs * self.num_steps} search steps.")
+        if self.num_steps % self.num_minibatches:
+            raise ConfigError(f"num_steps ({self.num_steps}) must be divisible by num_minibatches "
+                              f"({self.num_minibatches}): every minibatch takes num_steps / num_minibatches steps of "
+                              "every env. Change num_minibatches or num_steps.")
+        if self.checkpoint_every and self.checkpoint_every % self.log_every:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
+        if self.eval_every and self.eval_every % self.log_every:
+            raise ConfigError(f"eval_every={self.eval_every} must be a multiple of log_every={self.log_every}.")
+
+    def sft_config(self):
+        """The GRPOConfig the shared SFT stage and model set-up (jaxrl_hier.llm_rl) read."""
+        from jaxrl_hier.llm_rl.config import GRPOConfig
+
+        return GRPOConfig(seed=self.seed, task="arithmetic", task_operators=self.task_operators,
+                          task_digits=self.task_digits, task_steps=self.task_steps, task_worked=True,
+                          model_path=self.model_path, model_hidden_size=self.model_hidden_size,
+                          model_layers=self.model_layers, model_heads=self.model_heads,
+                          model_kv_heads=self.model_kv_heads, model_intermediate_size=self.model_intermediate_size,
+                          dtype=self.dtype, sft_steps=self.sft_steps, sft_batch_size=self.sft_batch_size,
+                          sft_learning_rate=self.sft_learning_rate, sft_warmup_steps=self.sft_warmup_steps,
+                          sft_checkpoint_every=self.sft_checkpoint_every, max_prompt_length=self.max_prompt_length,
+                          max_new_tokens=self.cot_max_tokens, eval_problems=self.eval_problems,
+                          log_every=self.log_every, keep_checkpoints=self.keep_checkpoints).resolved()
+
+    def ppo_config(self):
+        from jaxrl_hier.algorithms.ppo import PPOConfig
+
+        return PPOConfig(env="PGTS-v0", total_timesteps=self.total_timesteps, num_envs=self.num_envs,
+                         num_steps=self.num_steps, update_epochs=self.update_epochs,
+                         num_minibatches=self.num_minibatches, lr=self.lr, gamma=self.gamma,
+                         gae_lambda=self.gae_lambda, clip_eps=self.clip_eps, ent_coef=self.ent_coef,
+                         vf_coef=self.vf_coef, network="gps", hidden_size=self.policy_hidden_size,
+                         num_layers=self.policy_layers, activation="relu", seed=self.seed, reset_mode="auto",
+                         num_devices=1, checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
+                         log_every=self.log_every, eval_gif=False)
+
+
+#: keys a resume may change: logging, evaluation, retention and the PPO length only
+PGTS_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "total_timesteps")
+
+__all__ = ["PGTSConfig", "PGTS_RESUME_SAFE_KEYS"]
