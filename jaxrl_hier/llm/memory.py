@@ -59,6 +59,12 @@ import numpy as np
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.model_config import ModelConfig
 
+__all__ = ["MeshShape", "ModelSpec", "ModelMemory", "MemoryPlan", "plan", "plan_model", "model_config_of",
+           "param_shapes", "count_params", "lora_shapes", "count_lora_params", "make_optimizer", "optimizer_bytes",
+           "kv_cache_bytes", "layer_activation_bytes", "activation_bytes", "dtype_bytes", "tree_nbytes", "tree_size",
+           "compiled_step_memory", "llama_3_2_3b", "roberta_base", "archer_head_params", "original_setup",
+           "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
+
 GIB = 1024**3
 TRAIN_MODES = ("full", "lora", "frozen")
 HEADS = ("lm", "value", "none")
@@ -217,7 +223,7 @@ def dtype_bytes(dtype: Any) -> int:
     import jax.numpy as jnp
 
     try:
-        return int(jnp.dtype(dtype).itemsize)
+        return int(jnp.dtype("bfloat16" if dtype == "bf16" else dtype).itemsize)
     except TypeError:
         raise ConfigError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float16.") from None
 
@@ -299,7 +305,7 @@ def dtype_of(dtype: Any) -> Any:
     import jax.numpy as jnp
 
     dtype_bytes(dtype)  # the clear message for an unknown name
-    return jnp.dtype(dtype)
+    return jnp.dtype("bfloat16" if dtype == "bf16" else dtype)
 
 
 def count_params(config: Any, head: str | None = None, pooler: bool = False) -> int:
