@@ -170,7 +170,7 @@ def critic_step(critic: DoubleCritic, optimizer: optax.GradientTransformation, t
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     target = optax.incremental_update(params, state.target, step_size=tau)
-    return CriticState(params, target, opt_state), {"critic/loss": loss, "critic/grad_norm": optax.global_norm(grads),
+    return CriticState(params, target, opt_state), {"critic/loss": loss, "critic/grad_norm": optax.tree.norm(grads),
                                                     **metrics}
 
 

@@ -23,6 +23,8 @@ class GuidedConfig:
     task_digits: int = 1
     task_steps: int = 2
     task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
+    hint_wrong_fraction: float = 0.5  # two_turn warm-start: share of hint / turn-2 examples after a wrong answer
+    hint_max_offset: int = 3          # ... whose wrong turn-1 answers are the answer +- 1..hint_max_offset
     game_high: int = 16           # guess_number: secrets 1..game_high
     game_max_turns: int = 5
     max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
@@ -102,6 +104,9 @@ class GuidedConfig:
                  "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
         at_least(0, "actor_steps", "warmup_iterations", "sft_steps", "sft_warmup_steps", "sft_checkpoint_every",
                  "eval_every", "sample_log_count", "checkpoint_every")
+        if not 0.0 <= self.hint_wrong_fraction <= 1.0 or self.hint_max_offset < 1:
+            raise ConfigError(f"hint_wrong_fraction must be in [0, 1] and hint_max_offset >= 1, got "
+                              f"{self.hint_wrong_fraction} and {self.hint_max_offset}.")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"tau (the Polyak step of the target critic) must be in (0, 1], got {self.tau}.")
         if not 0.0 <= self.gamma <= 1.0:
@@ -123,6 +128,11 @@ class GuidedConfig:
             raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
+        turns = 3 if self.env == "two_turn" else self.game_max_turns
+        if self.replay_capacity < self.episodes_per_iteration * turns:
+            raise ConfigError(f"replay_capacity={self.replay_capacity} is smaller than one iteration's utterances "
+                              f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
+                              "raise it.")
         if self.env == "guess_number" and self.guidance_model_path:
             raise ConfigError("guidance_model_path applies to env: two_turn only (guess_number has no guidance turn).")
         if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:

@@ -1,0 +1,429 @@
+"""The guided agent: utterance-level actor-critic (ArCHer) over turn-based text environments.
+
+`make_train(config, env, lm, tokenizer) -> GuidedAgent`; `agent(key)` runs the whole schedule, and
+the CLI (`guided_cli.py`) drives `init` / `iteration` / `evaluate` with logging and checkpoints.
+
+Roles on one backbone. The actor and the guidance model are two LoRA adapters on one frozen
+backbone; the reference policy of the KL term is that backbone with the adapters off, so no model
+is copied. A separate guidance model (`guidance_model_path`) gets its own backbone and adapter. The
+critic (`llm_rl.critic`) is ArCHer's double critic, on its own small RoBERTa or on the frozen
+backbone's hidden states, with a target tree that is Polyak-averaged inside the compiled critic step.
+
+One iteration, top to bottom:
+
+1. Episodes. `episodes_per_iteration` episodes of the environment (drawn from the seed and the
+   iteration, so a resumed run draws the same ones). Turn by turn, the states of the whole batch are
+   encoded into one static [B, S] array and the speaking role's adapter samples every utterance in
+   one call of the sampling core: a two-turn episode (answer, hint, answer) costs three generation
+   calls per batch, not three per problem. The environment (host Python: the answer checker, the
+   game's oracle) turns the utterances into rewards and the next states.
+2. Replay. Every utterance of a live episode is a transition (state, utterance, reward, next
+   state, done, role) written into the on-device replay buffer (`llm_rl.replay`).
+3. Critic. `critic_steps` steps in one compiled scan: sample a batch uniformly from the buffer,
+   sample a' ~ pi(.|s) with the role that speaks in s, regress Q_i(s, a) to r + gamma (1 - done)
+   V_target_i(s') and V_i(s) to Q_target_i(s, a'), Polyak-update the target after every step.
+4. Policy (after `warmup_iterations` critic-only iterations). `actor_steps` steps in one compiled
+   scan over this iteration's utterances (on-policy): the advantage min(Q1, Q2)(s, a) -
+   min(V1, V2)(s) from the updated critic, a token-level policy gradient on the utterance's log-probs
+   (each utterance weighted equally, its tokens averaged), optional PPO clipping of the ratio to the
+   sampler's policy, and beta x KL to the reference; the actor learns from its turns, the guidance
+   model from its hints, both against the same critic.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.lora import Lora, LoraConfig, init_lora
+from jaxrl_hier.llm.sampling import sample_tokens
+from jaxrl_hier.llm_rl import losses
+from jaxrl_hier.llm_rl.critic import CriticState, DoubleCritic, critic_step, init_critic_state
+from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+from jaxrl_hier.llm_rl.replay import ReplayBuffer, Transitions, init_replay, insert, sample
+from jaxrl_hier.llm_rl.rollout import completion_logprobs
+from jaxrl_hier.tasks.jax_rewards import decode_completions
+from jaxrl_hier.tasks.text_games import ACTOR, GUIDANCE
+
+
+class GuidedState(struct.PyTreeNode):
+    policy: dict          # role -> Lora adapter
+    policy_opt: Any
+    critic: CriticState
+    replay: ReplayBuffer
+    key: jax.Array
+    step: jax.Array       # iterations done
+
+
+class RoleBatch(NamedTuple):
+    """One role's utterances of an iteration: [R, S] states, [R, N] utterances, [R] flags."""
+
+    state: jax.Array
+    state_mask: jax.Array
+    action: jax.Array
+    action_mask: jax.Array
+    logprobs: jax.Array  # under the sampler: the old policy of a clipped update
+    valid: jax.Array     # 1 for utterances of live episodes
+
+
+class Role(NamedTuple):
+    name: str
+    lm: Any
+    base: Any  # the frozen backbone arrays this role's adapter rides on
+
+
+def state_length(config: GuidedConfig, env: Any) -> int:
+    """S, the static token length of every state (BOS included)."""
+    if config.env == "two_turn":
+        return 1 + env.max_state_chars(config.max_prompt_length - 1, config.max_new_tokens - 1)
+    return 1 + env.max_state_chars()
+
+
+class WarmStartTask:
+    """The environment's supervised examples in the task interface `llm_rl.sft.SFT` reads."""
+
+    def __init__(self, env: Any) -> None:
+        self.env, self.name = env, f"{env.name}:warm_start"
+
+    def problems(self, split: str, n: int, seed: int) -> list[Any]:
+        return self.env.sft_problems(split, n, seed)
+
+    def is_correct(self, problem: Any, completion: str) -> bool:
+        return self.env.sft_correct(problem, completion)
+
+    def is_well_formed(self, problem: Any, completion: str) -> bool:
+        return self.env.sft_correct(problem, completion)
+
+
+class GuidedAgent:
+    """Holds the roles, critic, environment and compiled stages; `init`, `iteration`, `evaluate`, `__call__`."""
+
+    def __init__(self, config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guidance_lm: Any = None,
+                 critic_encoder: Any = None) -> None:
+        self.config = c = config
+        self.env, self.tokenizer = env, tokenizer
+        self.pad_id, _, self.eos_id = special_ids(tokenizer)
+        # every special token but EOS is never sampled (and scored the same way)
+        self.suppress = tuple(sorted(set(int(i) for i in tokenizer.all_special_ids) - {self.eos_id}))
+        self.S, self.N = state_length(c, env), c.max_new_tokens
+        turns = [env.speaker(t) for t in range(env.max_turns)]
+        self.role_names = tuple(r for r in (ACTOR, GUIDANCE) if r in turns)
+        self.turn_roles = turns
+        self.roles = {ACTOR: Role(ACTOR, lm, lm.params)}
+        if GUIDANCE in self.role_names:
+            g = guidance_lm if guidance_lm is not None else lm
+            self.roles[GUIDANCE] = Role(GUIDANCE, g, g.params)
+        self.trained = tuple(r for r in self.role_names if r == ACTOR or c.train_guidance)
+        B = c.episodes_per_iteration
+        if c.replay_capacity < B * env.max_turns:
+            raise ConfigError(f"replay_capacity={c.replay_capacity} is smaller than one iteration's utterances "
+                              f"(episodes_per_iteration x {env.max_turns} turns = {B * env.max_turns}); raise it.")
+        for role in self.roles.values():
+            need = self.S + self.N
+            if role.lm.config.max_position_embeddings < need:
+                raise ConfigError(f"the {role.name} model has {role.lm.config.max_position_embeddings} positions but "
+                                  f"states ({self.S}) + utterances ({self.N}) need {need}.")
+        if c.critic == "encoder":
+            if critic_encoder is None:
+                critic_encoder = build_critic_encoder(c, tokenizer, self.S + self.N)
+            self.critic = DoubleCritic("encoder", encoder=critic_encoder, mlp_hidden=c.critic_mlp_hidden)
+        else:
+            self.critic = DoubleCritic("backbone", lm=lm, mlp_hidden=c.critic_mlp_hidden)
+        self.policy_opt = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(c.learning_rate))
+        self.critic_opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.critic_learning_rate))
+        self._gen: dict[tuple, Any] = {}
+        self._insert = jax.jit(insert, donate_argnums=(0,))
+        self._critic_update = jax.jit(self._critic_impl, donate_argnums=(0,))
+        self._actor_update = jax.jit(self._actor_impl, donate_argnums=(0,))
+
+    # ------------------------------------------------------------------ state
+    def init(self, key: jax.Array) -> GuidedState:
+        c = self.config
+        lc = LoraConfig(rank=c.lora_rank, alpha=c.lora_alpha, target_modules=tuple(c.lora_targets))
+        policy = {name: init_lora(self.roles[name].lm.config, lc, jax.random.key(c.seed + 1 + i))
+                  for i, name in enumerate(self.role_names)}
+        critic = init_critic_state(self.critic, self.critic_opt, jax.random.key(c.seed + 7))
+        replay = init_replay(c.replay_capacity, self.S, self.N)
+        return GuidedState(policy, self.policy_opt.init(policy), critic, replay, key, jnp.zeros((), jnp.int32))
+
+    def bases(self) -> dict:
+        return {name: self.roles[name].base for name in self.role_names}
+
+    # ------------------------------------------------------------------ generation
+    def _generator(self, lm: Any, greedy: bool) -> Any:
+        """One jitted sampling program per (backbone, greedy); jit caches the batch shapes."""
+        k = (id(lm), greedy)
+        if k not in self._gen:
+            c = self.config
+
+            def fn(lora, base, ids, mask, rng):
+                return sample_tokens(lm, base, ids, mask, rng, max_new_tokens=self.N, temperature=c.temperature,
+                                     eos_ids=(self.eos_id,), pad_token_id=self.pad_id, lora=lora, greedy=greedy,
+                                     suppress_tokens=self.suppress)
+
+            self._gen[k] = jax.jit(fn)
+        return self._gen[k]
+
+    def _sample_pi(self, policy: dict, bases: dict, state: jax.Array, state_mask: jax.Array, role: jax.Array,
+                   key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """a' ~ pi(.|s) for a batch of states, each from the role that speaks in it (traceable)."""
+        tokens = mask = None
+        for i, name in enumerate(self.role_names):
+            r = self.roles[name]
+            out = sample_tokens(r.lm, bases[name], state, state_mask, jax.random.fold_in(key, i),
+                                max_new_tokens=self.N, temperature=self.config.temperature, eos_ids=(self.eos_id,),
+                                pad_token_id=self.pad_id, lora=policy[name], suppress_tokens=self.suppress)
+            if tokens is None:
+                tokens, mask = out.tokens, out.mask
+            else:
+                pick = (role == i)[:, None]
+                tokens, mask = jnp.where(pick, out.tokens, tokens), jnp.where(pick, out.mask, mask)
+        return tokens, mask
+
+    def encode_states(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        b = encode_prompts(self.tokenizer, list(texts), self.S)
+        return b.ids, b.mask
+
+    def rollout(self, state: GuidedState, episodes: list, key: jax.Array | None, greedy: bool = False
+                ) -> tuple[list, list[dict], dict]:
+        """Play a batch of episodes to the end, one generation call per turn for the whole batch.
+
+        Returns the finished episodes, per turn the arrays of its utterances (state, action,
+        logprobs, reward, next state, done, valid), and the seconds each turn's generation took."""
+        env, bases = self.env, self.bases()
+        turns, times = [], {}
+        for t in range(env.max_turns):
+            alive = np.array([not ep.done for ep in episodes])
+            if not alive.any():
+                break
+            name = self.turn_roles[t]
+            role = self.roles[name]
+            ids, mask = self.encode_states([env.observation(ep) for ep in episodes])
+            t0 = time.perf_counter()
+            rng = jax.random.fold_in(key, t) if key is not None else jax.random.key(0)
+            out = self._generator(role.lm, greedy)(state.policy[name], bases[name], ids, mask, rng)
+            out = jax.device_get(out)
+            times[f"time/turn{t + 1}_{name}"] = time.perf_counter() - t0
+            texts = decode_completions(self.tokenizer, out.tokens, out.mask)
+            rewards = np.zeros(len(episodes), np.float32)
+            dones = np.ones(len(episodes), np.float32)
+            for i, ep in enumerate(episodes):
+                if alive[i]:
+                    episodes[i], rewards[i], d = env.step(ep, texts[i])
+                    dones[i] = float(d)
+            nxt = [env.observation(ep) if not ep.done else None for ep in episodes]
+            nids, nmask = ids.copy(), mask.copy()  # a finished episode's next state is never read (done = 1)
+            live_next = [i for i, x in enumerate(nxt) if x is not None]
+            if live_next:
+                li, lm_ = self.encode_states([nxt[i] for i in live_next])
+                nids[live_next], nmask[live_next] = li, lm_
+            turns.append({"role": self.role_names.index(name), "role_name": name, "state": ids, "state_mask": mask,
+                          "action": np.asarray(out.tokens), "action_mask": np.asarray(out.mask),
+                          "logprobs": np.asarray(out.logprobs), "reward": rewards, "next_state": nids,
+                          "next_mask": nmask, "done": dones, "valid": alive.astype(np.float32)})
+        return episodes, turns, times
+
+    def transitions(self, turns: list[dict]) -> tuple[Transitions, np.ndarray]:
+        """All turns' utterances as one static block of max_turns x B rows (unplayed turns invalid)."""
+        B = self.config.episodes_per_iteration
+        cat = lambda k: np.concatenate([t[k] for t in turns])  # noqa: E731
+        pad = (self.env.max_turns - len(turns)) * B
+        role = np.concatenate([np.full(B, t["role"], np.int32) for t in turns])
+
+        def padded(x):
+            return np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)]) if pad else x
+
+        tr = Transitions(*(padded(cat(k)) for k in ("state", "state_mask", "action", "action_mask", "reward",
+                                                     "next_state", "next_mask", "done")), padded(role))
+        return tr, padded(cat("valid"))
+
+    def role_batches(self, turns: list[dict]) -> dict[str, RoleBatch]:
+        """Per trained role, its utterances of every turn it speaks, as a static block (unplayed turns invalid)."""
+        B = self.config.episodes_per_iteration
+        out = {}
+        for name in self.trained:
+            slots = [t for t in range(self.env.max_turns) if self.turn_roles[t] == name]
+            parts = []
+            for t in slots:
+                if t < len(turns):
+                    d = turns[t]
+                    parts.append((d["state"], d["state_mask"], d["action"], d["action_mask"], d["logprobs"],
+                                  d["valid"]))
+                else:
+                    parts.append((np.full((B, self.S), self.pad_id, np.int32), np.zeros((B, self.S), np.int32),
+                                  np.zeros((B, self.N), np.int32), np.zeros((B, self.N), np.int32),
+                                  np.zeros((B, self.N), np.float32), np.zeros(B, np.float32)))
+            out[name] = RoleBatch(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+        return out
+
+    # ------------------------------------------------------------------ compiled updates
+    def _critic_impl(self, state: GuidedState, bases: dict) -> tuple[GuidedState, dict]:
+        """`critic_steps` critic steps (sample, a' ~ pi, regress, Polyak) as one scan."""
+        c = self.config
+        backbone = bases[ACTOR] if c.critic == "backbone" else None
+
+        def one(carry, key):
+            cstate = carry
+            k1, k2 = jax.random.split(key)
+            batch = sample(state.replay, k1, c.critic_batch_size)
+            pi_a, pi_m = self._sample_pi(state.policy, bases, batch.state, batch.state_mask, batch.role, k2)
+            return critic_step(self.critic, self.critic_opt, c.tau, c.gamma, cstate, batch, pi_a, pi_m, backbone)
+
+        key, sub = jax.random.split(state.key)
+        cstate, metrics = jax.lax.scan(one, state.critic, jax.random.split(sub, c.critic_steps))
+        return state.replace(critic=cstate, key=key), jax.tree.map(jnp.mean, metrics)
+
+    def _actor_impl(self, state: GuidedState, bases: dict, batches: dict) -> tuple[GuidedState, dict]:
+        """`actor_steps` policy-gradient steps of the trained roles on this iteration's utterances."""
+        c = self.config
+        backbone = bases[ACTOR] if c.critic == "backbone" else None
+        eps = c.clip_eps if c.clip_eps > 0 else 1e9  # no clipping: the plain (importance-weighted) gradient
+        prep, metrics = {}, {}
+        for name, b in batches.items():
+            role = self.roles[name]
+            adv, out = self.critic.advantage(state.critic.params, b.state, b.state_mask, b.action, b.action_mask,
+                                             backbone)
+            v = b.valid
+            n = jnp.maximum(v.sum(), 1.0)
+            mean = jnp.sum(adv * v) / n
+            std = jnp.sqrt(jnp.sum(((adv - mean) ** 2) * v) / n)
+            metrics[f"{name}/advantage"] = mean
+            metrics[f"{name}/advantage_std"] = std
+            metrics[f"{name}/q"] = jnp.sum(jnp.minimum(out.q1, out.q2) * v) / n
+            if c.normalize_advantages:
+                adv = (adv - mean) / (std + 1e-6)
+            adv = jax.lax.stop_gradient(adv * v)
+            loss_mask = b.action_mask.astype(jnp.float32) * v[:, None]
+            weights = losses.token_weights(loss_mask, "grpo", self.N, v)
+            ref = None
+            if c.beta > 0:
+                ref = jax.lax.stop_gradient(completion_logprobs(
+                    role.lm, bases[name], None, b.state, b.state_mask, b.action, loss_mask > 0,
+                    temperature=c.temperature, suppress_tokens=self.suppress))
+            prep[name] = (adv, weights, ref, loss_mask)
+
+        def loss_fn(policy):
+            total, stats = 0.0, {}
+            for name, b in batches.items():
+                role = self.roles[name]
+                adv, weights, ref, loss_mask = prep[name]
+                logp = completion_logprobs(role.lm, bases[name], policy[name], b.state, b.state_mask, b.action,
+                                           loss_mask > 0, temperature=c.temperature, suppress_tokens=self.suppress)
+                parts = losses.policy_loss(logp, b.logprobs, adv, weights, eps_low=eps, eps_high=eps, beta=c.beta,
+                                           ref_logp=ref, kl_estimator=c.kl_estimator)
+                total = total + parts.loss
+                stats.update({f"{name}/pg_loss": parts.pg_loss, f"{name}/kl": parts.kl,
+                              f"{name}/clip_frac": parts.clip_frac, f"{name}/ratio": parts.ratio_mean})
+            return total, stats
+
+        def one(carry, _):
+            policy, opt_state = carry
+            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(policy)
+            updates, opt_state = self.policy_opt.update(grads, opt_state, policy)
+            return (optax.apply_updates(policy, updates), opt_state), {"policy/loss": loss,
+                                                                      "policy/grad_norm": optax.tree.norm(grads),
+                                                                      **stats}
+
+        (policy, opt_state), stats = jax.lax.scan(one, (state.policy, state.policy_opt), None, length=c.actor_steps)
+        metrics.update(jax.tree.map(lambda x: x[0], stats))  # the first step: ratio 1, on-policy
+        return state.replace(policy=policy, policy_opt=opt_state), metrics
+
+    # ------------------------------------------------------------------ host orchestration
+    def episodes_for(self, step: int) -> list:
+        seed = (self.config.seed * 1_000_003 + step * 97) % (2**31)
+        return self.env.reset("train", self.config.episodes_per_iteration, seed)
+
+    def iteration(self, state: GuidedState) -> tuple[GuidedState, dict, list]:
+        """One iteration (module docstring); returns the new state, scalar metrics and the played episodes."""
+        c = self.config
+        step = int(jax.device_get(state.step))
+        key, sub = jax.random.split(state.key)
+        state = state.replace(key=key)
+        t0 = time.perf_counter()
+        episodes, turns, times = self.rollout(state, self.episodes_for(step), sub)
+        times["time/episodes"] = time.perf_counter() - t0
+        tr, valid = self.transitions(turns)
+        t = time.perf_counter()
+        state = state.replace(replay=self._insert(state.replay, tr, valid))
+        state, critic_metrics = self._critic_update(state, self.bases())
+        critic_metrics = jax.device_get(critic_metrics)
+        times["time/critic"] = time.perf_counter() - t
+        metrics: dict[str, float] = {f"train/{k}": float(v) for k, v in self.env.summarize(episodes).items()}
+        metrics.update({k: float(v) for k, v in critic_metrics.items()})
+        if step >= c.warmup_iterations and c.actor_steps > 0:
+            t = time.perf_counter()
+            state, actor_metrics = self._actor_update(state, self.bases(), self.role_batches(turns))
+            metrics.update({k: float(v) for k, v in jax.device_get(actor_metrics).items()})
+            times["time/policy"] = time.perf_counter() - t
+        state = state.replace(step=state.step + 1)
+        metrics.update(times)
+        metrics["replay_size"] = float(jax.device_get(state.replay.size))
+        metrics["time/iteration"] = time.perf_counter() - t0
+        return state, metrics, episodes
+
+    def evaluate(self, state: GuidedState, episodes: list) -> tuple[dict, list]:
+        """Greedy episodes (every role decodes greedily) and the environment's summary of them."""
+        done, _, _ = self.rollout(state, episodes, None, greedy=True)
+        return self.env.summarize(done), done
+
+    def __call__(self, key: jax.Array, on_iteration: Any = None) -> tuple[GuidedState, list[dict]]:
+        """The whole schedule from `init(key)`; `on_iteration(state, metrics, episodes)` after each."""
+        state = self.init(key)
+        history = []
+        for _ in range(self.config.iterations):
+            state, metrics, episodes = self.iteration(state)
+            history.append(metrics)
+            if on_iteration is not None:
+                on_iteration(state, metrics, episodes)
+        return state, history
+
+
+def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> Any:
+    """The critic's small RoBERTa over the policies' tokenizer, initialised at random."""
+    from transformers import RobertaConfig
+
+    from jaxrl_hier.llm import EncoderModel
+
+    hf = RobertaConfig(vocab_size=len(tokenizer), hidden_size=config.critic_hidden_size,
+                       num_hidden_layers=config.critic_layers, num_attention_heads=config.critic_heads,
+                       intermediate_size=config.critic_intermediate_size, max_position_embeddings=max_len + 4,
+                       pad_token_id=special_ids(tokenizer)[0], type_vocab_size=1)
+    return EncoderModel.random(hf, jax.random.key(config.seed + 11))
+
+
+def make_env(config: GuidedConfig) -> Any:
+    """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
+    from jaxrl_hier.tasks import make_task
+    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwoTurnEnv
+
+    if config.env == "guess_number":
+        return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
+    kwargs: dict[str, Any] = {}
+    if config.task == "arithmetic":
+        kwargs = dict(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps)
+    elif config.task == "gsm8k":
+        kwargs = dict(path=config.task_path)
+    return TwoTurnEnv(make_task(config.task, **kwargs), wrong_fraction=config.hint_wrong_fraction,
+                      max_offset=config.hint_max_offset)
+
+
+def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guidance_lm: Any = None,
+               critic_encoder: Any = None) -> GuidedAgent:
+    """Build the agent (nothing compiles until the first iteration)."""
+    for name, model in (("policy", lm), ("guidance", guidance_lm)):
+        if model is not None and model.config.vocab_size < len(tokenizer):
+            raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the {name} model's vocabulary is "
+                              f"{model.config.vocab_size}; use the tokenizer the model was trained with.")
+    return GuidedAgent(config, env, lm, tokenizer, guidance_lm=guidance_lm, critic_encoder=critic_encoder)
+
+
+__all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "state_length",
+           "build_critic_encoder"]

@@ -1,0 +1,218 @@
+"""`python -m jaxrl_hier.train --config configs/guided_arithmetic.yaml`: warm-start, then the guided agent.
+
+The `guided` entry of `jaxrl_hier.train.ALGORITHMS`. A run directory holds:
+
+    config.yaml            the config
+    sft/                   the backbone's warm-start on the environment's supervised examples (the
+                           `grpo` CLI's stage: metrics.jsonl, checkpoints/, model/, DONE)
+    metrics.jsonl          one record per iteration: the sampled episodes' summary (train/...), critic
+                           losses and Q/V means, advantage, policy loss and KL per role, seconds per
+                           stage; every eval_every iterations the greedy episodes' summary (eval/...)
+    samples.jsonl          a few episodes per logged iteration (two_turn: problem, turn 1, hint, turn 2, reward)
+    checkpoints/           Orbax checkpoints of the whole agent: adapters, their optimiser state, critic,
+                           target critic, critic optimiser state, replay buffer, RNG key
+    learning_curve.png     greedy (held-out) turn-1 / turn-2 accuracy, or turns per game, against iterations
+    model/, guidance_model/  the actor (and guidance) adapters merged into the backbone, loadable by transformers
+
+Each stage is skipped when its output exists; `--resume` continues from the last checkpoint and gives
+the same numbers as an uninterrupted run (episodes are drawn from the seed and the iteration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+
+#: keys a resume may change: logging, evaluation and retention only, never what is learned
+GUIDED_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_episodes", "checkpoint_every",
+                           "keep_checkpoints", "iterations")
+
+
+def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
+    """Prompts, states and warm-start targets must fit the static shapes: checked before anything compiles."""
+    from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
+    from jaxrl_hier.llm_rl.guided import state_length
+
+    special_ids(tokenizer)
+    S = state_length(config, env)
+    first = [env.observation(ep) for ep in env.reset("train", 32, config.seed) + env.reset("test", 8, config.seed)]
+    if config.env == "two_turn":
+        longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in first)
+        if longest > config.max_prompt_length:
+            raise ConfigError(f"a problem has {longest} tokens (with BOS) but max_prompt_length is "
+                              f"{config.max_prompt_length}; raise max_prompt_length.")
+    sample = env.sft_problems("train", 96, config.seed)
+    encode_prompts(tokenizer, [p.prompt for p in sample] + first, S)
+    _, _, truncated = encode_completions(tokenizer, [p.target for p in sample], config.max_new_tokens)
+    if truncated:
+        raise ConfigError(f"{truncated} of {len(sample)} warm-start targets (answer or hint + EOS) are longer than "
+                          f"max_new_tokens={config.max_new_tokens}; raise max_new_tokens.")
+
+
+def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
+    """The keys `cli.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
+    return SimpleNamespace(sft_lora=False, lora_rank=config.lora_rank, sft_steps=config.sft_steps,
+                           sft_batch_size=config.sft_batch_size, sft_learning_rate=config.sft_learning_rate,
+                           sft_warmup_steps=config.sft_warmup_steps, max_prompt_length=state_len,
+                           max_new_tokens=config.max_new_tokens, seed=config.seed,
+                           keep_checkpoints=config.keep_checkpoints, log_every=config.log_every,
+                           sft_checkpoint_every=config.sft_checkpoint_every, eval_problems=config.eval_episodes)
+
+
+def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
+    """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.io import atomic_write_bytes
+
+    keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
+        (("turns", "turns per game"), ("success", "success rate"))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
+        train = [(r["step"], r[f"train/{key}"]) for r in records if r.get(f"train/{key}") is not None]
+        ev = [(r["step"], r[f"eval/{key}"]) for r in records if r.get(f"eval/{key}") is not None]
+        if train:
+            ax.plot(*zip(*train), color=color, alpha=0.35, label=f"{label} (sampled, train)")
+        if ev:
+            ax.plot(*zip(*ev), "o-", color=color, label=f"{label} (greedy, held-out)")
+    ax.set_xlabel("iteration")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
+    """The `guided` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
+    from jaxrl_hier.train import (check_resume_changes, is_primary, load_saved_config, log, progress_bar,
+                                  refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+
+    config = build_dataclass(GuidedConfig, raw_config, source=getattr(args, "config_source", "config"))
+    if args.resume:
+        out = args.output_dir
+        check_resume_changes(load_saved_config(GuidedConfig, out), config, GUIDED_RESUME_SAFE_KEYS)
+    else:
+        out = resolve_output_dir(args, f"guided-{config.env}")
+        refuse_existing_run(out)
+        if (out / "sft").exists():
+            raise ConfigError(f"{out} already holds an SFT stage (sft/): pass --resume, or choose another --output-dir.")
+    for key in ("model_path", "guidance_model_path"):
+        path = getattr(config, key)
+        if path is not None and not Path(path).is_dir():
+            raise ConfigError(f"{key} {path} is not a local directory (nothing is downloaded).")
+
+    from jaxrl_hier.llm_rl.guided import WarmStartTask, make_env, state_length
+    from jaxrl_hier.tasks import build_char_tokenizer
+
+    env = make_env(config)
+    tokenizer = build_char_tokenizer() if config.model_path is None else None
+    if tokenizer is not None:
+        check_guided_inputs(config, env, tokenizer)
+
+    import jax
+
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.llm import merge_lora, save_pretrained
+    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.guided import make_train
+    from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
+    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+    from jaxrl_hier.tasks import save_tokenizer
+
+    mesh = build_mesh(config)
+    lm, tokenizer = build_policy(config, tokenizer, mesh=mesh)
+    if config.model_path is not None:
+        check_guided_inputs(config, env, tokenizer)
+    guidance_lm = None
+    if config.guidance_model_path is not None:
+        guidance_lm, gtok = build_policy(config, tokenizer, mesh=mesh, model_path=config.guidance_model_path)
+        if gtok.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"guidance_model_path {config.guidance_model_path} has another tokenizer than the "
+                              "policy; the roles exchange token ids, so they must share one.")
+    sync_processes("jaxrl_hier.llm_rl.guided:checked")
+    save_run_config(out / "config.yaml", "guided", config)
+    t0 = time.perf_counter()
+    S = state_length(config, env)
+    sft_info: dict = {}
+    if config.sft_steps:
+        lm, sft_info = run_sft_stage(_sft_settings(config, S), args, out, lm, tokenizer, WarmStartTask(env), mesh)
+
+    agent = make_train(config, env, lm, tokenizer, guidance_lm=guidance_lm)
+    state = agent.init(jax.random.key(config.seed))
+    meta = {"stage": "guided", "env": config.env, "critic": config.critic, "lora_rank": config.lora_rank,
+            "replay_capacity": config.replay_capacity}
+    test = lambda: env.reset("test", config.eval_episodes, config.seed)  # noqa: E731
+    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
+    primary = is_primary()
+    writer = MetricsWriter(out, primary=primary)
+    samples_writer = MetricsWriter(out, primary=primary, filename="samples.jsonl")
+    start = 0
+    try:
+        if args.resume and ckpt.latest_step() is not None:
+            start = ckpt.latest_step()
+            state, _ = ckpt.restore(start, state, expect=meta)
+            log(f"guided agent resumed at iteration {start}")
+        writer.truncate_after(start)
+        samples_writer.truncate_after(start)
+        if start == 0:
+            ev, _ = agent.evaluate(state, test())
+            writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()}})
+        progress = progress_bar(args, config.iterations, start, f"guided-{config.env}")
+        step = start
+        while step < config.iterations:
+            state, metrics, episodes = agent.iteration(state)
+            step += 1
+            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+            if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
+                ev, _ = agent.evaluate(state, test())
+                rec.update({f"eval/{k}": v for k, v in ev.items()})
+            if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
+                writer.write(rec)
+            if config.sample_log_count and step % config.log_every == 0:
+                for ep in episodes[:config.sample_log_count]:
+                    samples_writer.write({"update": step, "step": step, **env.record(ep)})
+            if progress is not None:
+                progress.update(1)
+                shown = ("train/turn2_accuracy", "train/turns")
+                progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
+            if step == config.iterations or (config.checkpoint_every and step % config.checkpoint_every == 0):
+                ckpt.save(step, state, meta)
+        if progress is not None:
+            progress.close()
+    finally:
+        ckpt.close()
+        writer.close()
+        samples_writer.close()
+    if primary:
+        for name, directory in (("actor", "model"), ("guidance", "guidance_model")):
+            if name in state.policy:
+                role = agent.roles[name]
+                save_pretrained(role.lm, merge_lora(role.base, state.policy[name]), out / directory)
+                save_tokenizer(tokenizer, out / directory)
+        records = read_jsonl(out / "metrics.jsonl")
+        plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
+        key = "eval/turn2_accuracy" if config.env == "two_turn" else "eval/turns"
+        evals = [(r["step"], r.get("eval/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
+        log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; held-out {key} "
+            f"{evals[0][2] if evals else None} -> {evals[-1][2] if evals else None}"
+            + (f" (turn 1: {evals[0][1]} -> {evals[-1][1]})" if config.env == "two_turn" and evals else "")
+            + (f"; SFT {sft_info.get('eval_accuracy')}" if sft_info else "") + f"; outputs in {out}")
+    return 0
+
+
+__all__ = ["run_guided", "check_guided_inputs", "plot_guided_curve", "GUIDED_RESUME_SAFE_KEYS"]

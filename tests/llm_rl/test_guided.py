@@ -1,0 +1,193 @@
+"""The guided agent (ArCHer-style): replay buffer, critic targets and Polyak update inside the compiled
+step, the advantage, bad input refused before compiling, and one end-to-end CLI run whose --resume
+gives the same numbers as the uninterrupted run."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import yaml
+
+from jaxrl_hier.llm_rl.critic import (DoubleCritic, critic_loss, critic_step, critic_targets, init_critic_state,
+                                      mlp_init)
+from jaxrl_hier.llm_rl.guided import build_critic_encoder
+from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+from jaxrl_hier.llm_rl.replay import Transitions, init_replay, insert, sample
+from jaxrl_hier.tasks import build_char_tokenizer
+from jaxrl_hier.train import main
+
+S, N = 6, 4
+
+
+def transitions(start: int, n: int) -> Transitions:
+    """n transitions whose every field holds its row number start + i (to follow them through the buffer)."""
+    r = np.arange(start, start + n)
+    col = lambda w: np.repeat(r[:, None], w, axis=1).astype(np.int32)  # noqa: E731
+    return Transitions(col(S), np.ones((n, S), np.int32), col(N), np.ones((n, N), np.int32), r.astype(np.float32),
+                       col(S), np.ones((n, S), np.int32), (r % 2).astype(np.float32), (r % 2).astype(np.int32))
+
+
+def test_replay_insert_skips_invalid_rows_wraps_and_samples_filled_rows():
+    buf = init_replay(5, S, N)
+    buf = jax.jit(insert)(buf, transitions(0, 4), jnp.array([1, 0, 1, 1]))  # row 1 (an ended episode) skipped
+    assert int(buf.size) == 3 and int(buf.ptr) == 3
+    assert buf.data.reward.tolist() == [0.0, 2.0, 3.0, 0.0, 0.0]
+    buf = insert(buf, transitions(10, 4), jnp.ones(4))  # 3 + 4 > 5: the oldest two are overwritten
+    assert int(buf.size) == 5 and int(buf.ptr) == 2
+    assert buf.data.reward.tolist() == [12.0, 13.0, 3.0, 10.0, 11.0]
+    assert buf.data.state[3].tolist() == [10] * S and buf.data.role.tolist() == [0, 1, 1, 0, 1]
+    # uniform over the filled rows only
+    small = insert(init_replay(8, S, N), transitions(0, 3), jnp.ones(3))
+    drawn = sample(small, jax.random.key(0), 3000)
+    counts = np.bincount(np.asarray(drawn.reward).astype(int), minlength=8)
+    assert counts[3:].sum() == 0 and all(900 < c < 1100 for c in counts[:3]), counts
+    # rows stay together: every field of a drawn row comes from the same transition
+    assert np.all(np.asarray(drawn.action)[:, 0] == np.asarray(drawn.reward))
+
+
+def test_critic_targets_by_hand():
+    y_q1, y_q2, y_v1, y_v2 = critic_targets(
+        reward=jnp.array([1.0, 0.0, 0.5]), done=jnp.array([1.0, 0.0, 0.0]), gamma=0.9,
+        target_v_next=(jnp.array([2.0, 3.0, 4.0]), jnp.array([5.0, 6.0, 7.0])),
+        target_q_pi=(jnp.array([0.1, 0.2, 0.3]), jnp.array([0.4, 0.5, 0.6])))
+    np.testing.assert_allclose(y_q1, [1.0, 2.7, 0.5 + 0.9 * 4.0], rtol=1e-6)
+    np.testing.assert_allclose(y_q2, [1.0, 5.4, 0.5 + 0.9 * 7.0], rtol=1e-6)
+    np.testing.assert_allclose(y_v1, [0.1, 0.2, 0.3]) and np.testing.assert_allclose(y_v2, [0.4, 0.5, 0.6])
+
+
+@pytest.fixture(scope="module")
+def tiny_critic():
+    tok = build_char_tokenizer()
+    cfg = GuidedConfig(critic_hidden_size=16, critic_intermediate_size=32, critic_mlp_hidden=8)
+    return DoubleCritic("encoder", encoder=build_critic_encoder(cfg, tok, S + N), mlp_hidden=8)
+
+
+def constant_heads(params, q, v):
+    """Heads whose output is a constant: zero hidden layer, output bias = the constant."""
+    out = dict(params)
+    for name, value in (("q1", q[0]), ("q2", q[1]), ("v1", v[0]), ("v2", v[1])):
+        head = jax.tree.map(jnp.zeros_like, params[name])
+        head["out"]["bias"] = jnp.full((1,), value, jnp.float32)
+        out[name] = head
+    return out
+
+
+def test_advantage_is_min_q_minus_min_v(tiny_critic):
+    params = constant_heads(tiny_critic.init(jax.random.key(0)), q=(1.0, 2.5), v=(3.0, 0.25))
+    tr = transitions(5, 2)
+    adv, out = tiny_critic.advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
+    np.testing.assert_allclose(adv, [1.0 - 0.25] * 2)  # positive: the utterance beats the state's value
+    params = constant_heads(params, q=(1.0, 2.5), v=(3.0, 1.5))
+    adv, _ = tiny_critic.advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
+    np.testing.assert_allclose(adv, [1.0 - 1.5] * 2)
+
+
+def test_critic_step_regresses_and_moves_the_target_by_polyak(tiny_critic):
+    tau = 0.1
+    opt = optax.adam(1e-2)
+    state = init_critic_state(tiny_critic, opt, jax.random.key(1))
+    # a target that differs from the parameters, to see the mix
+    state = state.replace(target=jax.tree.map(lambda x: x + 0.5, state.target))
+    tr = transitions(1, 8)
+    pi_a, pi_m = tr.action[::-1], tr.action_mask
+    step = jax.jit(lambda s: critic_step(tiny_critic, opt, tau, 0.9, s, tr, pi_a, pi_m))
+    old_target = state.target
+    new, metrics = step(state)
+    # the target moved towards the *new* parameters inside the same step: tau * new + (1 - tau) * old
+    jax.tree.map(lambda t, p, o: np.testing.assert_allclose(t, tau * p + (1 - tau) * o, rtol=1e-5, atol=1e-6),
+                 new.target, new.params, old_target)
+    assert not np.allclose(new.params["q1"]["out"]["kernel"], state.params["q1"]["out"]["kernel"])
+    loss0 = critic_loss(tiny_critic, state.params, old_target, tr, pi_a, pi_m, 0.9)[0]
+    assert float(metrics["critic/loss"]) == pytest.approx(float(loss0), rel=1e-5)
+    s = new
+    for _ in range(30):
+        s, m = step(s)
+    assert float(m["critic/loss"]) < 0.5 * float(loss0)
+
+
+TINY = dict(algorithm="guided", task_operators="+", task_steps=1, max_prompt_length=6, max_new_tokens=8,
+            model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64,
+            lora_rank=2, sft_steps=4, sft_batch_size=16, sft_checkpoint_every=2, iterations=4,
+            episodes_per_iteration=8, critic_steps=2, actor_steps=2, warmup_iterations=1, critic_batch_size=16,
+            replay_capacity=64, critic_hidden_size=16, critic_intermediate_size=32, critic_mlp_hidden=16,
+            eval_every=2, eval_episodes=8, checkpoint_every=2, sample_log_count=2, beta=0.05, clip_eps=0.2)
+
+
+def write_config(tmp_path, **overrides):
+    path = tmp_path / "guided.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **overrides}))
+    return path
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tau=0", "tau (the Polyak step"),
+    ("critic=lstm", "critic"),
+    ("replay_capacity=16", "replay_capacity=16 is smaller"),
+    ("warmup_iterations=4", "leaves no actor update"),
+    ("max_new_tokens=4", "raise max_new_tokens"),
+    ("critic_stpes=3", "Did you mean 'critic_steps'"),
+    ("guidance_model_path=/nonexistent", "not a local directory"),
+])
+def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
+    out = tmp_path / "run"
+    assert main(["--config", str(write_config(tmp_path)), "--output-dir", str(out), "--no-progress", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert not out.exists()
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def compile_cache(tmp_path_factory):
+    """The three runs below compile the same programs: a persistent cache compiles them once."""
+    from jax._src import compilation_cache as cc
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    old = {n: getattr(jax.config, n) for n in names}
+    for n, v in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0.0, 0)):
+        jax.config.update(n, v)
+    cc.reset_cache()
+    yield
+    for n, v in old.items():
+        jax.config.update(n, v)
+    cc.reset_cache()
+
+
+def test_guided_end_to_end_and_exact_resume(tmp_path, capsys, compile_cache):
+    cfg = write_config(tmp_path)
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["--config", str(cfg), "--output-dir", str(full), "--no-progress"]) == 0
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "learning_curve.png", "sft/DONE",
+                 "model/model.safetensors", "guidance_model/model.safetensors", "guidance_model/tokenizer.json"):
+        assert (full / name).exists(), name
+    recs = records(full / "metrics.jsonl")
+    assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]
+    assert all("eval/turn2_accuracy" in recs[i] and "eval/turn1_accuracy" in recs[i] for i in (0, 2, 4))
+    assert "actor/pg_loss" not in recs[1] and "actor/pg_loss" in recs[2]  # one critic-only warm-up iteration
+    for key in ("critic/q1_loss", "critic/v2_loss", "critic/q_mean", "guidance/kl", "actor/kl", "train/hint_length",
+                "time/turn2_guidance", "time/critic", "replay_size"):
+        assert key in recs[3], key
+    assert recs[4]["replay_size"] == 4 * 8 * 3
+    assert recs[3]["actor/kl"] > 0  # the adapters left the reference
+    sample = records(full / "samples.jsonl")[0]
+    assert {"problem", "turn1", "hint", "turn2", "reward"} <= set(sample)
+
+    # stopped after 2 iterations, then resumed: the SFT stage is skipped and the numbers are identical
+    assert main(["--config", str(cfg), "--output-dir", str(part), "--no-progress", "iterations=2"]) == 0
+    assert main(["--resume", "--output-dir", str(part), "--no-progress", "tau=0.5"]) == 2  # unsafe change
+    assert main(["--resume", "--output-dir", str(part), "--no-progress", "iterations=4"]) == 0
+    assert "SFT stage already complete" in capsys.readouterr().err
+    resumed = records(part / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
+    keys = ("train/turn1_accuracy", "train/hint_length", "critic/loss", "critic/q_mean", "actor/pg_loss",
+            "guidance/kl", "eval/turn2_accuracy", "eval/hint_length")
+    for a, b in zip(recs, resumed):
+        for key in keys:
+            assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
