@@ -7,7 +7,8 @@ ShapeDtypeStruct arguments (nothing runs, nothing is allocated), and XLA's
 `compiled.memory_analysis().temp_size_in_bytes` (the step's scratch beyond arguments and outputs:
 the activations kept for the backward pass) stands beside `memory.activation_bytes` for the same
 ModelSpec. Small shapes vary one size at a time; the Llama-3.2-3B-shaped step of the guidance-agent
-case is compiled too (micro-batches 4 and 8, float32 and bfloat16).
+case is compiled too (micro-batches 4 and 8, float32 and bfloat16), and RoBERTa critic steps (all
+weights trained, a value head at the first token).
 
 XLA:CPU computes bfloat16 arithmetic in float32 and keeps float32 copies, so its bfloat16 figures
 overstate what a GPU keeps; the float32 rows are the like-for-like comparison.
@@ -56,18 +57,26 @@ SMALL_CASES = [
     ("lora all 7", small(), 4, 64, "float32", 8, ALL7),
     ("full training", small(), 4, 64, "float32", 0, QKVO),
     ("base bfloat16", small(), 4, 64, "bfloat16", 8, QKVO),
+    ("roberta tiny (full)", ModelConfig(model_type="roberta", family="roberta", vocab_size=512, hidden_size=64,
+                                        intermediate_size=256, num_layers=2, num_heads=4, num_kv_heads=4, head_dim=16,
+                                        max_position_embeddings=130, norm="layer", activation="gelu",
+                                        gated_mlp=False, rope=False, qkv_bias=True, o_bias=True, mlp_bias=True,
+                                        tie_word_embeddings=True, pad_token_id=1, type_vocab_size=1),
+     4, 64, "float32", 0, QKVO),
 ]
 
 
 def big_cases() -> list[tuple]:
     llm = memory.llama_3_2_3b()
-    return [(f"llama-3.2-3b B={b} {dt}", llm, b, 512, dt, 16, ALL7) for b in (4, 8) for dt in ("float32", "bfloat16")]
+    return ([(f"llama-3.2-3b B={b} {dt}", llm, b, 512, dt, 16, ALL7) for b in (4, 8) for dt in ("float32", "bfloat16")]
+            + [("roberta-base B=8 float32 (full)", memory.roberta_base(), 8, 512, "float32", 0, QKVO)])
 
 
 def measure(name: str, config: ModelConfig, batch: int, seq: int, dtype: str, rank: int,
             targets: tuple[str, ...]) -> dict[str, Any]:
     spec = memory.ModelSpec(name, config, dtype=dtype, train="lora" if rank else "full", lora_rank=rank,
-                            lora_targets=targets, batch=batch, seq_len=seq)
+                            lora_targets=targets, batch=batch, seq_len=seq,
+                            head=None if config.is_decoder else "value")
     estimate = memory.plan([spec]).models[0].activations
     t0 = time.perf_counter()
     xla = memory.compiled_step_memory(config, batch, seq, dtype, lora_rank=rank, lora_targets=targets)

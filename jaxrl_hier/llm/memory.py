@@ -29,8 +29,9 @@ Where each figure comes from:
     values in the activation dtype) plus the two norms' float32 upcasts (2 H float32); q, k, v and
     the attention output (2 Q + 2 KV, Q = heads * head_dim, KV = kv_heads * head_dim), the rotated q
     and k (Q + KV, rotary models) and q/k-normed copies (Q + KV, Qwen3); the MLP's gate, up,
-    activation and product (4 I, gated) or pre-activation and activation (2 I); each LoRA target's
-    x @ a (rank values in the LoRA dtype);
+    activation and product (4 I, gated) or pre-activation and activation (2 I), plus what the
+    activation function's gradient keeps (`ACTIVATION_RESIDUALS`: I for silu's sigmoid, 2 I for
+    GELU); each LoRA target's x @ a (rank values in the LoRA dtype);
   - per layer: the attention probabilities B * heads * T * T, float32 for the softmax's gradient plus
     their copy in the activation dtype (for the value product), 4 + act bytes each; 0 with
     `flash_attention=True` (a fused kernel keeps no T * T matrix);
@@ -66,6 +67,9 @@ __all__ = ["MeshShape", "ModelSpec", "ModelMemory", "MemoryPlan", "plan", "plan_
            "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
 
 GIB = 1024**3
+#: I-wide values the activation function's gradient keeps beyond its input and output: silu its
+#: sigmoid; exact and tanh GELU the scaled input and the erf / tanh term; relu only a mask
+ACTIVATION_RESIDUALS = {"silu": 1, "gelu": 2, "gelu_new": 2, "gelu_pytorch_tanh": 2, "relu": 0}
 TRAIN_MODES = ("full", "lora", "frozen")
 HEADS = ("lm", "value", "none")
 
@@ -360,7 +364,7 @@ def layer_activation_bytes(config: ModelConfig, batch: int, seq: int, act_bytes:
     c = config
     q, kv = c.num_heads * c.head_dim // tensor, max(c.num_kv_heads // tensor, 1) * c.head_dim
     extra = int(c.rope) + int(c.qk_norm)  # rotated and / or normed copies of q and k
-    mlp = (4 if c.gated_mlp else 2) * c.intermediate_size // tensor
+    mlp = ((4 if c.gated_mlp else 2) + ACTIVATION_RESIDUALS[c.activation]) * c.intermediate_size // tensor
     values = 4 * c.hidden_size + (2 + extra) * (q + kv) + mlp
     tokens = batch * seq
     out = tokens * (values * act_bytes + 2 * c.hidden_size * 4 + lora_values * lora_bytes)
@@ -485,40 +489,46 @@ def plan(specs: Sequence[ModelSpec], mesh: MeshShape | Mapping[str, int] | None 
 def compiled_step_memory(config: Any, batch: int, seq_len: int, dtype: Any = "float32", *, lora_rank: int = 0,
                          lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
                          logits_chunk: int = 128) -> dict[str, int]:
-    """XLA's `compiled.memory_analysis()` of the real training step of a decoder, compiled, not run.
+    """XLA's `compiled.memory_analysis()` of a real training step, compiled, not run.
 
-    The step is `jax.value_and_grad` of a token-level loss (minus the mean of
+    Decoder: `jax.value_and_grad` of a token-level loss (minus the mean of
     `jaxrl_hier.llm.token_logprobs` over a [batch, seq_len] batch), with respect to LoRA adapters
-    (`lora_rank > 0`, the frozen backbone an argument) or to all weights (`lora_rank=0`). Arguments
-    are ShapeDtypeStructs, so a model of any size is compiled without allocating it. Returns
-    temp (XLA's scratch: what the step holds beyond its arguments and outputs, i.e. the activations),
-    argument and output bytes.
+    (`lora_rank > 0`, the frozen backbone an argument) or to all weights (`lora_rank=0`).
+    Encoder (RoBERTa): the same for a squared value-head output read at the first token, all weights
+    and the head trained (a critic's regression step). Arguments are ShapeDtypeStructs, so a model
+    of any size compiles without being allocated. Returns temp (XLA's scratch beyond arguments and
+    outputs, i.e. what the step keeps: the activations), argument and output bytes.
     """
     import jax
     import jax.numpy as jnp
 
+    from jaxrl_hier.llm import encoder
+    from jaxrl_hier.llm.heads import value_head_apply
     from jaxrl_hier.llm.lora import Lora, LoraConfig, init_lora
     from jaxrl_hier.llm.models import LanguageModel
     from jaxrl_hier.llm.sampling import token_logprobs
 
     cfg = model_config_of(config)
-    params = param_shapes(cfg, dtype, "lm")
-    lm = LanguageModel(cfg, params)
     ids = jax.ShapeDtypeStruct((int(batch), int(seq_len)), jnp.int32)
-    if lora_rank > 0:
-        lora_config = LoraConfig(rank=int(lora_rank), target_modules=tuple(lora_targets))
-        adapters = _eval_shape(lambda k: init_lora(cfg, lora_config, k))
+    lora_config = LoraConfig(rank=max(int(lora_rank), 1), target_modules=tuple(lora_targets))
+    adapters = _eval_shape(lambda k: init_lora(cfg, lora_config, k)) if lora_rank > 0 else None
+    if not cfg.is_decoder:
+        params = param_shapes(cfg, dtype, "value")
 
-        def loss(lora: Lora, base: Any, input_ids: Any, mask: Any) -> Any:
-            return -jnp.mean(token_logprobs(lm, base, input_ids, mask, lora, chunk_size=logits_chunk))
+        def critic_loss(p: Any, lora: Lora | None, input_ids: Any, mask: Any) -> Any:
+            hidden, _ = encoder.forward(cfg, p, input_ids, mask, lora=lora)
+            return jnp.mean(value_head_apply(p["value_head"], hidden[:, 0]) ** 2)
 
-        args: tuple = (adapters, params, ids, ids)
+        fn, args = jax.value_and_grad(critic_loss, argnums=1 if adapters else 0), (params, adapters, ids, ids)
     else:
-        def loss(base: Any, input_ids: Any, mask: Any) -> Any:  # type: ignore[misc]
-            return -jnp.mean(token_logprobs(lm, base, input_ids, mask, chunk_size=logits_chunk))
+        params = param_shapes(cfg, dtype, "lm")
+        lm = LanguageModel(cfg, params)
 
-        args = (params, ids, ids)
-    stats = jax.jit(jax.value_and_grad(loss)).lower(*args).compile().memory_analysis()
+        def actor_loss(p: Any, lora: Lora | None, input_ids: Any, mask: Any) -> Any:
+            return -jnp.mean(token_logprobs(lm, p, input_ids, mask, lora, chunk_size=logits_chunk))
+
+        fn, args = jax.value_and_grad(actor_loss, argnums=1 if adapters else 0), (params, adapters, ids, ids)
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
     return {"temp_bytes": int(stats.temp_size_in_bytes), "argument_bytes": int(stats.argument_size_in_bytes),
             "output_bytes": int(stats.output_size_in_bytes)}
 
