@@ -628,14 +628,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     """`python -m jaxrl_hier.llm.memory`: print the naive and our table for the original set-up."""
     import argparse
 
-    ap = argparse.ArgumentParser(description="Memory of the guidance agent (Llama-3.2-3B-shaped, bfloat16) on a "
+    ap = argparse.ArgumentParser(prog="python -m jaxrl_hier.llm.memory",
+                                 description="Memory of the guidance agent (Llama-3.2-3B-shaped, bfloat16) on a "
                                              f"{ORIGINAL_CAPACITY_GIB} GiB device: full copies vs LoRA roles.")
     ap.add_argument("--micro-batch", type=int, default=4,
                     help="rows per gradient micro-batch (default 4; the original used 8, docs/llm_memory.md)")
     ap.add_argument("--lora-rank", type=int, default=16)
     args = ap.parse_args(argv)
     if not 1 <= args.micro_batch <= 16 or args.lora_rank < 1:
-        raise SystemExit("--micro-batch must be in 1..16 (the base batch is 16) and --lora-rank >= 1.")
+        ap.error("--micro-batch must be in 1..16 (the base batch is 16) and --lora-rank >= 1.")
     naive, ours = original_plans(args.micro_batch, args.lora_rank)
     print("Llama-3.2-3B-shaped LLM (bfloat16), RoBERTa-base critic (float32); base batch 16, critic batch 32, "
           f"sequence 512, micro-batch {args.micro_batch}\n")
