@@ -216,7 +216,7 @@ def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed
         finals = [k for k in range(1, int(host.num_nodes[p])) if host.final[p, k]]
         best = max(finals, key=lambda k: host.score[p, k]) if finals else int(np.argmax(visits[p, 1:]) + 1)
         picked.append(best)
-    answers = jax.vmap(env.is_correct, in_axes=(0, 0, None))(states, jnp.asarray(picked), env_params)
+    answers = jax.jit(jax.vmap(env.is_correct, in_axes=(0, 0, None)))(states, jnp.asarray(picked), env_params)
     correct = np.asarray(answers)
     states = states.replace(current=jnp.asarray(picked, jnp.int32), correct=jnp.asarray(correct))
     return jax.device_get(states), summarize(f"MCTS ({simulations} simulations)", correct,

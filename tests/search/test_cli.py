@@ -11,14 +11,14 @@ from jaxrl_hier import train
 TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_heads=1", "model_intermediate_size=64",
         "sft_steps=4", "sft_batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
         "rm_batch_size=8", "train_problems=16", "total_timesteps=64", "num_envs=4", "num_steps=8",
-        "num_minibatches=2", "update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=2",
+        "num_minibatches=2", "update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
         "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1"]
 
 
 @pytest.mark.parametrize("override, message", [
     ("max_depth=2", "max_depth"),
     ("step_tokens=4", "step_tokens"),
-    ("sc_samples=0", "sc_samples"),
+    ("sc_samples=[0]", "sc_samples"),
     ("num_minibatches=3", "num_minibatches"),
     ("cost_branch=-1", "cost_branch"),
     ("max_nodez=3", "unknown config key"),
