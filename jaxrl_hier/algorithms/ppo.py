@@ -72,7 +72,7 @@ class PPOConfig:
     ent_coef: float = 0.01
     vf_coef: float = 0.5
     max_grad_norm: float = 1.0
-    network: str = "auto"  # "mlp", "cnn", "gru" (recurrent), or "auto" (cnn for image observations, else mlp)
+    network: str = "auto"  # "mlp", "cnn", "gru" (recurrent), "gps" (search trees), or "auto" (cnn for images, else mlp)
     hidden_size: int = 512
     rnn_hidden_size: int = 0  # GRU units for network "gru"; 0: hidden_size
     num_layers: int = 3
@@ -107,8 +107,8 @@ class PPOConfig:
             raise ConfigError(f"'lr' must be positive, got {self.lr}.")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
-        if self.network not in ("auto", "mlp", "cnn", "gru"):
-            raise ConfigError(f"'network' must be 'auto', 'mlp', 'cnn' or 'gru', got '{self.network}'.")
+        if self.network not in ("auto", "mlp", "cnn", "gru", "gps"):
+            raise ConfigError(f"'network' must be 'auto', 'mlp', 'cnn', 'gru' or 'gps', got '{self.network}'.")
         if self.activation not in ("tanh", "relu", "gelu"):
             raise ConfigError(f"'activation' must be 'tanh', 'relu' or 'gelu', got '{self.activation}'.")
         self.check_minibatches(recurrent=self.network == "gru", env_shards=1)
