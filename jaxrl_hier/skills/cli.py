@@ -65,11 +65,10 @@ def build_generator(config: SkillsConfig, catalog):
 
 def check_config(config: SkillsConfig):
     """Everything that can be checked before compiling: library, target, quantities."""
-    from jaxrl_hier.envs import make
     from jaxrl_hier.skills.trainer import quantities_for
 
     catalog = build_catalog(config)
-    env, _ = make(config.env)
+    env, _ = config.make_env()
     catalog.check_quantities(quantities_for(env, catalog))
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")

@@ -15,6 +15,9 @@ GENERATORS = ("planner", "openai", "local_llm")
 @dataclass(frozen=True)
 class SkillsConfig:
     env: str = "Craftax-Classic-Symbolic-v1"
+    # Fields of the base env's params to override, e.g. {max_steps: 300} for TechTree: a deep skill's
+    # frozen dependencies use up much of an episode's time limit before its own expert acts.
+    env_params: dict = field(default_factory=dict)
     library: str = ""  # built-in library name or a YAML file of skills; "" = the env's built-in one
     target: str = "collect_diamond"  # a skill name, or "all" (every skill of the library)
     generator: str = "planner"  # planner (offline) | openai (chat-completions endpoint) | local_llm
@@ -26,7 +29,7 @@ class SkillsConfig:
     llm_path: str = ""  # local_llm: a local Hugging Face directory
     max_parallel_skills: int = 3
     success_rate_threshold: float = 0.8
-    min_episodes: int = 64  # episodes a round needs before its success rate counts
+    min_episodes: int = 64  # reached episodes (pooled over the attempt's latest rounds) before a rate counts
     max_retries: int = 1
     skill_timesteps: int = 5_000_000  # budget of env steps per attempt of one skill
     min_skill_timesteps: int = 0  # train at least this long before completing: a frozen expert that
@@ -65,6 +68,16 @@ class SkillsConfig:
         if self.moe_dispatch not in ("gather", "mask"):
             raise ConfigError(f"'moe_dispatch' must be 'gather' or 'mask', got '{self.moe_dispatch}'.")
         self.ppo_config()  # validates the ppo section
+        if self.env_params:
+            from jaxrl_hier.envs import make
+
+            make(self.env, **self.env_params)  # unknown fields: ConfigError naming them
+
+    def make_env(self):
+        """(base env, its params with `env_params` applied)."""
+        from jaxrl_hier.envs import make
+
+        return make(self.env, **self.env_params)
 
     def ppo_config(self):
         """The PPOConfig of every skill slot: env and seeds set from this config."""

@@ -1,11 +1,15 @@
 """The skill environment: a base env whose reward, episode end and expert choice come from a skill.
 
 For a skill S with dependency plan (d_1, ..., d_L) (its dependency closure, in topological order):
-- reward 1 on the step S's success conditions first hold; that step terminates the episode, so the
-  success rate is the fraction of episodes that end in success;
+- reward 1 on the step S's success conditions first hold; that step terminates the episode;
 - the observation is `{"obs": base_obs, "expert": j}` where j is the plan position of the first
   dependency whose success conditions do not hold yet (its frozen expert acts), or L when they all
   hold (S's own, trainable expert acts): the dependency-gated mixture of experts of Flow-RL.
+- two per-episode flags, `achievements = (success, reached)`: `reached` is set once S's own expert
+  has had control (every dependency held). A skill is judged on the episodes it reached: its frozen
+  dependencies fail on some episodes, and counting those against S would cap S's success rate at
+  the product of its dependencies' rates (the deeper the skill, the lower), however well S itself
+  has learned. The chain's rate (successes over all episodes) is logged beside it.
 
 A skill is data (`SkillParams`: quantity indices, operators, thresholds), so one compiled program
 serves any skill, and the skills trained at once differ only in the arrays vmapped over them.
@@ -52,6 +56,7 @@ class SkillEnvParams:
 class SkillEnvState:
     base: Any
     success: jax.Array  # bool: the skill's conditions hold in this state
+    reached: jax.Array  # bool: the skill's own expert has had control in this episode
 
 
 def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
@@ -66,7 +71,7 @@ def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
 class SkillEnv(Environment):
     """Wraps `base` for skill training; see the module docstring."""
 
-    achievement_names = ("success",)
+    achievement_names = ("success", "reached")
 
     def __init__(self, base: Environment, quantities: dict[str, QuantityFn], max_experts: int, max_conditions: int):
         self.base = base
@@ -126,23 +131,26 @@ class SkillEnv(Environment):
         return valid & (op == OPS.index("<")) & (value == -np.inf)
 
     # ------------------------------------------------------------------ env protocol
-    def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array]:
+    def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array, jax.Array]:
+        """(observation, success, own): `own` is True when every dependency holds (S's expert acts)."""
         q = quantity_vector(self._fns, state)
         met = conditions_hold(q, params.skill.plan)  # [E]
         unmet = ~met & (jnp.arange(self.max_experts) < params.skill.plan_len)
         expert = jnp.where(unmet.any(), jnp.argmax(unmet), params.skill.plan_len).astype(jnp.int32)
-        return {"obs": base_obs, "expert": expert}, conditions_hold(q, params.skill.success)
+        success = conditions_hold(q, params.skill.success)
+        return {"obs": base_obs, "expert": expert}, success, success | ~unmet.any()
 
     def reset(self, key: jax.Array, params: SkillEnvParams):
         base_obs, state = self.base.reset(key, params.base)
-        obs, success = self._observe(base_obs, state, params)
-        return obs, SkillEnvState(state, success)
+        obs, success, own = self._observe(base_obs, state, params)
+        return obs, SkillEnvState(state, success, own)
 
     def step(self, key: jax.Array, state: SkillEnvState, action: jax.Array, params: SkillEnvParams):
         base_obs, base_state, _, terminated, truncated, info = self.base.step(key, state.base, action, params.base)
-        obs, success = self._observe(base_obs, base_state, params)
+        obs, success, own = self._observe(base_obs, base_state, params)
         reward = success.astype(jnp.float32)
-        return obs, SkillEnvState(base_state, success), reward, terminated | success, truncated & ~success, info
+        new = SkillEnvState(base_state, success, state.reached | own)
+        return obs, new, reward, terminated | success, truncated & ~success, info
 
     def observation_space(self, params: SkillEnvParams):
         return self.base.observation_space(params.base)
@@ -151,4 +159,4 @@ class SkillEnv(Environment):
         return self.base.action_space(params.base)
 
     def achievements(self, state: SkillEnvState) -> jax.Array:
-        return state.success[None]
+        return jnp.stack([state.success, state.reached])

@@ -8,8 +8,10 @@ Loop (Python, between compiled rounds):
 3. start ready skills (all dependencies completed) in free slots, with their dependencies' frozen
    experts;
 4. train one round (`updates_per_round` PPO updates of every slot, one compiled program);
-5. a skill completes when a round's success rate reaches `success_rate_threshold` (over at least
-   `min_episodes` episodes, after at least `min_skill_timesteps` steps): its expert is saved and it
+5. a skill completes when its success rate reaches `success_rate_threshold`: over its latest
+   rounds holding at least `min_episodes` episodes in which its own expert took control (one round
+   is enough when it has that many; a deep skill's episodes are long and fewer reach it; see
+   `SkillEnv`), after at least `min_skill_timesteps` steps: its expert is saved and it
    is never trained again; an attempt fails when its budget runs out (`skill_timesteps`, or the
    smaller `max_timesteps` its proposal asked for) and is retried up to `max_retries` times;
 6. checkpoint the slots, then write `scheduler_state.json` atomically.
@@ -196,19 +198,24 @@ class Scheduler:
         r.total_steps += res.steps
         r.rounds += 1
         r.wall_s += elapsed
-        r.episodes = res.episodes
-        r.success_rate = res.success_rate
+        r.window = _window(r.window, res, c.min_episodes)
+        successes, episodes = (sum(w[i] for w in r.window) for i in (0, 1))
+        r.episodes = int(episodes)
+        r.success_rate = successes / episodes if episodes else None
         self._writer(r).write({"update": self.state.round, "attempt": r.attempts, "steps": r.steps,
-                               "total_steps": r.total_steps, "success_rate": res.success_rate,
-                               "episodes": res.episodes, "episode_return": res.episode_return,
+                               "total_steps": r.total_steps, "success_rate": r.success_rate,
+                               "episodes": r.episodes, "window_rounds": len(r.window),
+                               "round_success_rate": res.success_rate, "round_episodes": res.episodes,
+                               "episode_return": res.episode_return,
                                "episode_length": res.episode_length, "wall_s": r.wall_s,
-                               "greedy_success_rate": getattr(res, "greedy_success_rate", None)})
-        passed = (res.success_rate is not None and res.episodes >= c.min_episodes
-                  and res.success_rate >= c.success_rate_threshold)
+                               "greedy_success_rate": getattr(res, "greedy_success_rate", None),
+                               "chain_success_rate": getattr(res, "chain_success_rate", None)})
+        passed = (r.success_rate is not None and r.episodes >= c.min_episodes
+                  and r.success_rate >= c.success_rate_threshold)
         if passed and r.steps >= c.min_skill_timesteps:
             self._complete(r)
         elif r.steps >= self._budget(r):
-            reason = (f"attempt {r.attempts}: success rate {res.success_rate if res.success_rate is not None else 'n/a'} "
+            reason = (f"attempt {r.attempts}: success rate {r.success_rate if r.success_rate is not None else 'n/a'} "
                       f"< {c.success_rate_threshold} after {r.steps:,} steps")
             if r.attempts <= c.max_retries:
                 log.warning("skill '%s' %s; retrying from scratch", r.name, reason)
@@ -256,7 +263,7 @@ class Scheduler:
             if all(d in done for d in r.spec.get("requires", [])):
                 r.slot, r.status = free.pop(0), "running"
                 r.attempts += 1
-                r.steps, r.success_rate, r.started_round = 0, None, self.state.round
+                r.steps, r.success_rate, r.started_round, r.window = 0, None, self.state.round, []
                 starting[r.slot] = r.name
         if starting:
             seed = jax.random.fold_in(jax.random.key(self.config.seed), self.state.round + 1)
@@ -339,3 +346,13 @@ class Scheduler:
 
 def read_spec(directory: Path) -> dict:
     return json.loads((directory / "spec.json").read_text())
+
+
+def _window(window: list, res: Any, min_episodes: int) -> list:
+    """The round's [successes, episodes] appended, older rounds dropped while the rest still hold
+    `min_episodes` episodes: the success rate is over the fewest latest rounds that have enough."""
+    if res.episodes:
+        window = [*window, [res.success_rate * res.episodes, res.episodes]]
+    while len(window) > 1 and sum(w[1] for w in window[1:]) >= min_episodes:
+        window = window[1:]
+    return window

@@ -95,6 +95,9 @@ class SkillRecord:
     reason: str = ""  # why it failed
     proposed_by: str = ""
     max_timesteps: int | None = None  # the proposal's own budget per attempt (LLMs may give one)
+    # [successes, reached episodes] of the current attempt's latest rounds: the shortest run of
+    # rounds, newest last, that holds at least `min_episodes` episodes (success_rate is over it)
+    window: list = field(default_factory=list)
 
     @property
     def dirname(self) -> str:

@@ -30,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
-from jaxrl_hier.envs import make
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.env import SkillEnv
 from jaxrl_hier.skills.moe import MoEPolicy, stack_experts
@@ -39,13 +38,17 @@ from jaxrl_hier.skills.spec import SkillLibrary
 
 
 class RoundResult(NamedTuple):
-    success_rate: float | None  # fraction of the round's episodes that ended in success (None: no episode)
-    episodes: int
+    """One slot's round. Rates count the episodes in which the skill's own expert took control (every
+    dependency held; see `SkillEnv`), so frozen dependencies' failures do not count against it."""
+
+    success_rate: float | None  # successes / reached episodes in the round (None: none reached)
+    episodes: int  # episodes that reached the skill's own expert
     steps: int  # env steps this slot took in the round
     episode_return: float | None
     episode_length: float | None
-    greedy_success_rate: float | None = None  # greedy evaluation after the round (None: idle slot)
+    greedy_success_rate: float | None = None  # the same rate, greedy evaluation after the round
     greedy_episodes: int = 0
+    chain_success_rate: float | None = None  # successes / all episodes: the whole chain, dependencies included
 
 
 IDLE = RoundResult(None, 0, 0, None, None)
@@ -66,7 +69,7 @@ class SkillTrainer:
         from jaxrl_hier.algorithms.ppo import make_train
 
         self.config = config
-        base, base_params = make(config.env)
+        base, base_params = config.make_env()
         self.base_params = base_params
         self.env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions)
         ppo_config = config.ppo_config()
@@ -153,33 +156,43 @@ class SkillTrainer:
         for j, slot in enumerate(active):
             n = float(episodes[:, j].sum())
 
-            def mean(x: np.ndarray) -> float | None:
-                return float(np.nansum(x * episodes[:, j]) / n) if n else None
+            def total(x: np.ndarray) -> float:
+                return float(np.nansum(x * episodes[:, j]))
 
-            out[slot] = RoundResult(mean(host["achievements"][:, j, 0]), int(n),
+            def mean(x: np.ndarray) -> float | None:
+                return total(x) / n if n else None
+
+            successes, reached = (total(host["achievements"][:, j, i]) for i in (0, 1))
+            reached_greedy = int(greedy_episodes[j])
+            out[slot] = RoundResult(successes / reached if reached else None, int(round(reached)),
                                     self.config.updates_per_round * self.steps_per_update,
                                     mean(host["episode_return"][:, j]), mean(host["episode_length"][:, j]),
-                                    float(greedy_success[j]) / int(greedy_episodes[j]), int(greedy_episodes[j]))
+                                    float(greedy_success[j]) / reached_greedy if reached_greedy else None,
+                                    reached_greedy, mean(host["achievements"][:, j, 0]))
         return out
 
     def _greedy_eval(self, params: Any, extra: Any, env_params: Any, key: jax.Array, horizon: int):
-        """One slot: successes among `num_envs` fresh episodes run greedily for at most `horizon` steps."""
+        """One slot: (successes, reached episodes) among `num_envs` fresh episodes run greedily for at
+        most `horizon` steps."""
         n = self.config.ppo_config().num_envs
         k_reset, k_steps = jax.random.split(key)
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(k_reset, n), env_params)
 
         def step(carry, k):
-            obs, state, ended, success = carry
+            obs, state, ended, success, reached = carry
             pi, _ = self.ppo.apply(params, extra, obs)
             action = jnp.argmax(pi.logits, axis=-1)
             obs, state, _, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(k, n), state, action, env_params)
-            success = success | (~ended & state.success)  # success ends the episode: counted once
-            return (obs, state, ended | terminated | truncated, success), None
+            # Only the first episode counts: an env that ended keeps stepping in the scan.
+            success = success | (~ended & state.success)
+            reached = reached | (~ended & state.reached)
+            return (obs, state, ended | terminated | truncated, success, reached), None
 
-        init = (obs, state, jnp.zeros(n, bool), jnp.zeros(n, bool))
-        (_, _, _, success), _ = jax.lax.scan(step, init, jax.random.split(k_steps, horizon))
-        return success.sum(), jnp.int32(n)
+        no = jnp.zeros(n, bool)
+        init = (obs, state, no, no, state.reached)
+        (_, _, _, success, reached), _ = jax.lax.scan(step, init, jax.random.split(k_steps, horizon))
+        return success.sum(), reached.sum().astype(jnp.int32)
 
     def expert(self, slot: int) -> dict:
         """The trainable expert of `slot`, on the host."""

@@ -344,3 +344,19 @@ def test_an_llm_answer_with_max_timesteps_reaches_the_scheduler(tmp_path):
 
     state = run(tmp_path, FakeTrainer(), ScriptedLLM())
     assert [(r.name, r.max_timesteps, r.status) for r in state.skills] == [("collect_wood", 2000, "completed")]
+
+
+def test_success_rate_pools_the_latest_rounds_until_min_episodes():
+    """A deep skill's rounds hold few reached episodes: its rate pools the fewest latest rounds with
+    at least min_episodes of them, and a round with enough episodes stands alone."""
+    from jaxrl_hier.skills.trainer import RoundResult
+
+    w = []
+    for rate, n in [(0.0, 30), (0.5, 30), (1.0, 30)]:
+        w = scheduler_module._window(w, RoundResult(rate, n, 0, None, None), min_episodes=64)
+    assert w == [[0.0, 30], [15.0, 30], [30.0, 30]]  # 60 episodes without the oldest: not enough to drop it
+    w = scheduler_module._window(w, RoundResult(0.9, 40, 0, None, None), min_episodes=64)
+    assert w == [[30.0, 30], [36.0, 40]]  # 70 episodes in the latest two: rate 66/70
+    w = scheduler_module._window(w, RoundResult(None, 0, 0, None, None), min_episodes=64)  # no episode: kept
+    assert w == [[30.0, 30], [36.0, 40]]
+    assert scheduler_module._window(w, RoundResult(0.25, 64, 0, None, None), min_episodes=64) == [[16.0, 64]]

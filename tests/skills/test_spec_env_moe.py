@@ -135,14 +135,16 @@ def test_skill_env_gates_experts_and_rewards_success():
     noop = jnp.int32(0)
     o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood"), noop, p)
     assert int(o["expert"]) == 1 and float(r) == 0.0 and not bool(term)  # place_table's expert acts
+    assert senv.achievements(s).tolist() == [False, False]  # the skill's own expert has not acted yet
     o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood", "place_table"), noop, p)
     assert int(o["expert"]) == 2 and float(r) == 0.0  # all dependencies met: the new expert (position 2)
+    assert senv.achievements(s).tolist() == [False, True]  # reached: this episode counts for the skill
+    # A dependency lost again (here: flag cleared) hands control back to its expert; `reached` stays.
+    o, s2, *_ = senv.step(jax.random.key(1), s.replace(base=with_achievements("place_table").base), noop, p)
+    assert int(o["expert"]) == 0 and senv.achievements(s2).tolist() == [False, True]
     o, s, r, term, trunc, _ = senv.step(
         jax.random.key(1), with_achievements("collect_wood", "place_table", "make_wood_pickaxe"), noop, p)
-    assert float(r) == 1.0 and bool(term) and not bool(trunc) and bool(senv.achievements(s)[0])
-    # A dependency lost again (here: flag cleared) hands control back to its expert.
-    o, *_ = senv.step(jax.random.key(1), with_achievements("place_table"), noop, p)
-    assert int(o["expert"]) == 0
+    assert float(r) == 1.0 and bool(term) and not bool(trunc) and senv.achievements(s).tolist() == [True, True]
 
 
 @pytest.mark.parametrize("experts,rows", [(1, 5), (3, 64), (9, 256), (33, 100)])
