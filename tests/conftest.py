@@ -1,7 +1,29 @@
-"""Shared test set-up: CPU only, offline, and quiet XLA."""
+"""Shared test set-up: CPU only, offline, quiet XLA, and one XLA compilation cache for the session.
+
+Many tests compile the same programs more than once: every CLI test runs `python -m jaxrl_hier...`
+in fresh processes (a run, then its resume), and equal shapes recur across test files. A persistent
+compilation cache shared by this process and every subprocess (through the environment) compiles
+each program once per session. It lives in a fresh temporary directory, so no test depends on an
+earlier session, and is removed at the end.
+"""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_CACHE_DIR = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _CACHE_DIR = tempfile.mkdtemp(prefix="jaxrl_hier-test-xla-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE_DIR
+    # Cache every program: on this CPU most test programs compile in well under JAX's default 1 s bar.
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CACHE_DIR is not None:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
