@@ -76,6 +76,10 @@ class GPSActorCritic(nn.Module):
     num_layers: int = 2
     activation: str = "relu"
     num_heads: int = 4
+    # Initial logit bias of the first (Expand) and last (Terminate) actions: with 0 the untrained
+    # policy is uniform over the valid actions; a positive prior starts it near chain-of-thought
+    # (keep expanding, stop at the answer), from where PPO learns when to branch or backtrack.
+    prior: float = 0.0
 
     @nn.compact
     def __call__(self, obs):
@@ -96,7 +100,13 @@ class GPSActorCritic(nn.Module):
         act = ACTIVATIONS[self.activation]
         # the actor also sees which actions are open (the official code encodes the mask too)
         actor_in = summary if mask is None else jnp.concatenate([summary, mask.astype(summary.dtype)], axis=-1)
-        logits = _dense(self.num_actions, 0.01)(act(_dense(self.hidden_size)(actor_in)))
+        prior = self.prior
+
+        def bias_init(key, shape, dtype=jnp.float32):
+            return jnp.zeros(shape, dtype).at[0].set(prior).at[-1].set(prior)
+
+        logits = nn.Dense(self.num_actions, kernel_init=orthogonal(0.01), bias_init=bias_init)(
+            act(_dense(self.hidden_size)(actor_in)))
         value = _dense(1, 1.0)(act(_dense(self.hidden_size)(summary)))
         return policy(logits, mask), jnp.squeeze(value, -1)
 

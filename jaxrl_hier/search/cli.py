@@ -367,7 +367,11 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     test = task.problems("test", config.eval_problems, config.seed)
     test_params = env_params_for(config, env, lm.params, rm_params, tokenizer, test)
     ppo_cfg = config.ppo_config()
-    trainer = make_train(ppo_cfg, env=env, env_params=env_params)
+    from jaxrl_hier.networks.gps import GPSActorCritic
+
+    network = GPSActorCritic(env.num_actions, config.policy_hidden_size, config.policy_layers, "relu",
+                             prior=config.policy_prior)
+    trainer = make_train(ppo_cfg, env=env, env_params=env_params, network=network)
     max_actions = config.max_nodes * (config.max_depth + 1) + 1
     search = make_search_runner(env, trainer.network, max_actions)
     net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)

@@ -71,6 +71,7 @@ class PGTSConfig:
     vf_coef: float = 0.5
     policy_hidden_size: int = 64
     policy_layers: int = 2
+    policy_prior: float = 2.0  # initial logit bias of Expand and Terminate (GPSActorCritic.prior): start near CoT
 
     # ---- evaluation (held-out problems) and baselines
     eval_problems: int = 256

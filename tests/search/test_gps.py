@@ -82,3 +82,12 @@ def test_ppo_config_selects_gps():
     PPOConfig(network="gps", num_envs=4, num_steps=4, num_minibatches=2, total_timesteps=64).validate()
     with pytest.raises(ConfigError, match="gps"):
         PPOConfig(network="graph").validate()
+
+
+def test_prior_starts_near_chain_of_thought():
+    obs = jax.tree.map(jnp.asarray, random_tree(jax.random.key(3)))
+    model = GPSActorCritic(A, hidden_size=16, num_layers=1, prior=2.0)
+    params = model.init(jax.random.key(0), obs)
+    probs = np.asarray(jax.nn.softmax(model.apply(params, obs)[0].logits))
+    assert probs[0] > 0.4 and probs[0] > 5 * probs[1] and probs[0] > 5 * probs[3]  # Expand over Branch, Backtrack
+    assert probs[2] < 1e-6 and probs[4] < 1e-6
