@@ -144,10 +144,14 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         if gtok.get_vocab() != tokenizer.get_vocab():
             raise ConfigError(f"guidance_model_path {config.guidance_model_path} has another tokenizer than the "
                               "policy; the roles exchange token ids, so they must share one.")
+    S = state_length(config, env)
+    for name, model in (("policy", lm), ("guidance", guidance_lm)):
+        if model is not None and model.config.max_position_embeddings < S + config.max_new_tokens:
+            raise ConfigError(f"the {name} model has {model.config.max_position_embeddings} positions but states "
+                              f"({S} tokens) plus utterances ({config.max_new_tokens}) need {S + config.max_new_tokens}.")
     sync_processes("jaxrl_hier.llm_rl.guided:checked")
     save_run_config(out / "config.yaml", "guided", config)
     t0 = time.perf_counter()
-    S = state_length(config, env)
     sft_info: dict = {}
     if config.sft_steps:
         lm, sft_info = run_sft_stage(_sft_settings(config, S), args, out, lm, tokenizer, WarmStartTask(env), mesh)

@@ -174,7 +174,7 @@ def test_guided_end_to_end_and_exact_resume(tmp_path, capsys, compile_cache):
     for key in ("critic/q1_loss", "critic/v2_loss", "critic/q_mean", "guidance/kl", "actor/kl", "train/hint_length",
                 "time/turn2_guidance", "time/critic", "replay_size"):
         assert key in recs[3], key
-    assert recs[4]["replay_size"] == 4 * 8 * 3
+    assert recs[1]["replay_size"] == 8 * 3 and recs[4]["replay_size"] == 64  # 96 utterances, 64 rows: full
     assert recs[3]["actor/kl"] > 0  # the adapters left the reference
     sample = records(full / "samples.jsonl")[0]
     assert {"problem", "turn1", "hint", "turn2", "reward"} <= set(sample)
