@@ -42,7 +42,7 @@ import optax
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm.lora import Lora, LoraConfig, init_lora
+from jaxrl_hier.llm.lora import LoraConfig, init_lora
 from jaxrl_hier.llm.sampling import sample_tokens
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.critic import CriticState, DoubleCritic, critic_step, init_critic_state
@@ -100,7 +100,7 @@ class WarmStartTask:
         return self.env.sft_correct(problem, completion)
 
     def is_well_formed(self, problem: Any, completion: str) -> bool:
-        return self.env.sft_correct(problem, completion)
+        return self.env.sft_well_formed(problem, completion)
 
 
 class GuidedAgent:

@@ -147,6 +147,12 @@ class TwoTurnEnv:
             return completion.strip() == problem.target
         return bool(self.task.is_correct(problem, completion))
 
+    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
+        """A hint from HINTS, or an answer in the task's format."""
+        if problem.meta.get("kind") == "hint":
+            return completion.strip() in HINTS
+        return bool(self.task.is_well_formed(problem, completion))
+
     def summarize(self, episodes: Sequence[TwoTurnEpisode]) -> dict[str, float]:
         """turn-1 and turn-2 accuracy, their difference, hint length, and how often each hint was right."""
         n = max(len(episodes), 1)
@@ -271,6 +277,10 @@ class GuessNumberEnv:
         """A warm-start guess is good when it is still possible given the replies so far."""
         guess = self._parse(completion)
         return guess is not None and problem.meta["low"] <= guess <= problem.meta["high"]
+
+    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
+        """A number in 1..high."""
+        return self._parse(completion) is not None
 
     def summarize(self, episodes: Sequence[GuessEpisode]) -> dict[str, float]:
         """Success rate, mean turns (a failed episode counts max_turns), mean turns of the successes, return."""

@@ -11,8 +11,7 @@ import optax
 import pytest
 import yaml
 
-from jaxrl_hier.llm_rl.critic import (DoubleCritic, critic_loss, critic_step, critic_targets, init_critic_state,
-                                      mlp_init)
+from jaxrl_hier.llm_rl.critic import DoubleCritic, critic_loss, critic_step, critic_targets, init_critic_state
 from jaxrl_hier.llm_rl.guided import build_critic_encoder
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.llm_rl.replay import Transitions, init_replay, insert, sample

@@ -50,6 +50,7 @@ def test_two_turn_warm_start_examples(two_turn):
         if p.meta.get("kind") == "hint":
             assert p.target in ("lower", "higher", "right")
             assert two_turn.sft_correct(p, p.target) and not two_turn.sft_correct(p, "none")
+            assert two_turn.sft_well_formed(p, "none") and not two_turn.sft_well_formed(p, "#### 3")
             wrong += p.target != "right"
         else:  # the target answers the problem, whatever the hint said
             assert two_turn.sft_correct(p, p.target)
@@ -87,7 +88,8 @@ def test_guess_number_warm_start_guesses_are_consistent():
     for p in probs:
         assert env.sft_correct(p, p.target)
         assert len(p.prompt) <= env.max_state_chars()
-    assert not env.sft_correct(probs[0], "0")
+    assert not env.sft_correct(probs[0], "0") and not env.sft_well_formed(probs[0], "0")
+    assert env.sft_well_formed(probs[0], "16") and not env.sft_well_formed(probs[0], "17")
     # bisection: 1 secret in 1 turn, 2 in 2, 4 in 3, 8 in 4, the last one in 5
     assert optimal_guess_turns(15) == pytest.approx(49 / 15) and optimal_guess_turns(16) == pytest.approx(54 / 16)
 
