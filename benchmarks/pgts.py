@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mcts", type=int, nargs="+", default=[8, 16, 32], help="MCTS simulation budgets")
     parser.add_argument("--throughput-batch", type=int, default=32)
     parser.add_argument("--throughput-steps", type=int, default=16)
+    parser.add_argument("--throughput-only", action="store_true",
+                        help="only the throughput figure (needs the run's sft/ and reward_model/ stages), to throughput.json")
     args = parser.parse_args(argv)
 
     from jaxrl_hier import train
@@ -117,9 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     if config.sft_steps:
         lm, _ = run_sft_stage(sft_cfg, ns, run_dir, lm, tokenizer, task, mesh)
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, run_dir, lm, tokenizer, task)
+    test = task.problems("test", config.eval_problems, config.seed)
+    if args.throughput_only:
+        env = cli.build_env(config, lm, rm, tokenizer)
+        env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
+        tp = throughput(env, env_params, batch=args.throughput_batch, steps=args.throughput_steps, seed=config.seed)
+        atomic_write_json(args.out / "throughput.json", tp)
+        print(json.dumps(tp, indent=1))
+        return 0
     search, net_params = cli.run_ppo_stage(config, ns, run_dir, lm, rm, rm_params, tokenizer, task)
 
-    test = task.problems("test", config.eval_problems, config.seed)
     tick = time.perf_counter()
     rows, trees = cli.evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, (search, net_params),
                                    sc_samples=tuple(args.sc), mcts_simulations=tuple(args.mcts))

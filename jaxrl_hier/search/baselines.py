@@ -8,7 +8,8 @@ including those of abandoned branches):
   temperature; majority vote over their answers, or the one the reward model scores highest.
 - `mcts`: UCT over the same step actions as the search env (a child is one generated step; the
   reward model's score is the value of a new node), `simulations` expansions per problem, then the
-  final node with the highest score answers.
+  final node with the highest score answers (a tree without one is first completed from its most
+  visited leaf, those tokens counted).
 - `run_search`: the trained PGTS policy (greedy over its action distribution) driving the search
   env, one compiled program vmapped over the problems.
 """
@@ -163,7 +164,8 @@ def run_search(runner, net_params, env_params, num_problems: int, seed: int = 0)
 
 
 def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed: int = 0) -> tuple[Any, dict]:
-    """UCT over step actions (see the module docstring); `env` needs max_nodes >= simulations + 1.
+    """UCT over step actions (see the module docstring); `env` needs max_nodes >= simulations + 1 +
+    max_depth (the simulations, then the completion of a tree that holds no answer yet).
 
     Selection descends from the root by UCT (Q + c sqrt(ln N_parent / N_child)) while the node is
     fully expanded (max_children) and not final; a node with room gets a new generated child
@@ -210,12 +212,33 @@ def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed
             for node in paths[p]:
                 visits[p, node] += 1
                 value[p, node] += v
+    # The answer: the final node with the highest score. A tree with no final node yet is completed
+    # from its most visited leaf by generating steps until one holds an answer (tokens counted).
     host = jax.device_get(states)
-    correct, picked = [], []
+    picked = []
     for p in p_idx:
         finals = [k for k in range(1, int(host.num_nodes[p])) if host.final[p, k]]
-        best = max(finals, key=lambda k: host.score[p, k]) if finals else int(np.argmax(visits[p, 1:]) + 1)
-        picked.append(best)
+        if finals:
+            picked.append(max(finals, key=lambda k: host.score[p, k]))
+            continue
+        node = 0
+        while True:
+            kids = [k for k in range(1, int(host.num_nodes[p])) if host.parent[p, k] == node]
+            if not kids:
+                break
+            node = max(kids, key=lambda k: (visits[p, k], value[p, k]))
+        picked.append(node)
+    picked = np.asarray(picked, np.int32)
+    for r in range(env.max_depth):
+        need = np.array([not host.final[p, picked[p]] and host.depth[p, picked[p]] < env.max_depth
+                         and host.num_nodes[p] < env.max_nodes for p in p_idx])
+        if not need.any():
+            break
+        new = jax.device_get(expand(jax.random.split(jax.random.fold_in(key, simulations + r), num_problems), states,
+                                    jnp.asarray(picked), env_params))
+        picked = np.where(need, np.asarray(host.num_nodes), picked).astype(np.int32)
+        host = jax.tree.map(lambda a, b: np.where(need.reshape((-1,) + (1,) * (np.ndim(a) - 1)), a, b), new, host)
+        states = jax.tree.map(jnp.asarray, host)
     answers = jax.jit(jax.vmap(env.is_correct, in_axes=(0, 0, None)))(states, jnp.asarray(picked), env_params)
     correct = np.asarray(answers)
     states = states.replace(current=jnp.asarray(picked, jnp.int32), correct=jnp.asarray(correct))

@@ -263,8 +263,8 @@ def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer
         rows.append(B.best_of_n(task, problems, texts, lengths, scores, n))
     trees: dict[str, str] = {}
     for sims in mcts_simulations or (config.mcts_simulations,):
-        menv = build_env(config, lm, rm, tokenizer, max_nodes=sims + 1, max_children=config.mcts_children,
-                         token_budget=10**9)
+        menv = build_env(config, lm, rm, tokenizer, max_nodes=sims + 1 + config.max_depth,
+                         max_children=config.mcts_children, token_budget=10**9)
         mparams = env_params_for(config, menv, lm.params, rm_params, tokenizer, problems)
         mstates, row = B.mcts(menv, mparams, len(problems), simulations=sims, c=config.mcts_c, seed=config.seed)
         rows.append(row)
