@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.lora import LoraConfig, init_lora
@@ -152,7 +153,13 @@ class GuidedAgent:
                   for i, name in enumerate(self.role_names)}
         critic = init_critic_state(self.critic, self.critic_opt, jax.random.key(c.seed + 7))
         replay = init_replay(c.replay_capacity, self.S, self.N)
-        return GuidedState(policy, self.policy_opt.init(policy), critic, replay, key, jnp.zeros((), jnp.int32))
+        state = GuidedState(policy, self.policy_opt.init(policy), critic, replay, key, jnp.zeros((), jnp.int32))
+        mesh = getattr(self.roles[ACTOR].lm, "mesh", None)
+        if mesh is not None:
+            # committed and replicated on the backbone's mesh, as the compiled steps return it: otherwise the
+            # second iteration's inputs differ in sharding from the first's and every stage compiles twice
+            state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
+        return state
 
     def bases(self) -> dict:
         return {name: self.roles[name].base for name in self.role_names}
