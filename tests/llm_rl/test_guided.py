@@ -142,24 +142,9 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.fixture
-def compile_cache(tmp_path_factory):
-    """The three runs below compile the same programs: a persistent cache compiles them once."""
-    from jax._src import compilation_cache as cc
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    old = {n: getattr(jax.config, n) for n in names}
-    for n, v in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0.0, 0)):
-        jax.config.update(n, v)
-    cc.reset_cache()
-    yield
-    for n, v in old.items():
-        jax.config.update(n, v)
-    cc.reset_cache()
-
-
-def test_guided_end_to_end_and_exact_resume(tmp_path, capsys, compile_cache):
+def test_guided_end_to_end_and_exact_resume(tmp_path, capsys):
+    # The three runs compile the same programs once: tests/conftest.py gives the session one persistent
+    # XLA compilation cache.
     cfg = write_config(tmp_path)
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(["--config", str(cfg), "--output-dir", str(full), "--no-progress"]) == 0
