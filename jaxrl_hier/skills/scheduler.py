@@ -215,7 +215,8 @@ class Scheduler:
         if passed and r.steps >= c.min_skill_timesteps:
             self._complete(r)
         elif r.steps >= self._budget(r):
-            reason = (f"attempt {r.attempts}: success rate {r.success_rate if r.success_rate is not None else 'n/a'} "
+            rate = "n/a" if r.success_rate is None else f"{r.success_rate:.2f}"
+            reason = (f"attempt {r.attempts}: success rate {rate} "
                       f"< {c.success_rate_threshold} after {r.steps:,} steps")
             if r.attempts <= c.max_retries:
                 log.warning("skill '%s' %s; retrying from scratch", r.name, reason)
