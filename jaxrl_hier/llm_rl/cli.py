@@ -33,8 +33,25 @@ GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_pr
                          "keep_checkpoints", "total_steps")
 
 
+def policy_tokenizer(model_path: str | None, algorithm: str) -> Any:
+    """The tokenizer of a run: the tiny character tokenizer for a from-scratch model, else the one
+    saved in the local `model_path` (ConfigError when the directory or its tokenizer is missing)."""
+    from jaxrl_hier.tasks import build_char_tokenizer
+
+    if model_path is None:
+        return build_char_tokenizer()
+    from jaxrl_hier.llm.checkpoint import _load_tokenizer
+
+    if not Path(model_path).is_dir():
+        raise ConfigError(f"model_path {model_path} is not a local directory (nothing is downloaded).")
+    tokenizer = _load_tokenizer(Path(model_path))
+    if tokenizer is None:
+        raise ConfigError(f"{model_path} holds no tokenizer (tokenizer.json); {algorithm} needs one.")
+    return tokenizer
+
+
 def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
-    from jaxrl_hier.tasks import build_char_tokenizer, make_task
+    from jaxrl_hier.tasks import make_task
 
     kwargs: dict[str, Any] = {}
     if config.task == "arithmetic":
@@ -43,18 +60,7 @@ def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     elif config.task == "gsm8k":
         kwargs = dict(path=config.task_path)
     task = make_task(config.task, **kwargs)
-    tokenizer = None
-    if config.model_path is None:
-        tokenizer = build_char_tokenizer()
-    else:
-        from jaxrl_hier.llm.checkpoint import _load_tokenizer
-
-        if not Path(config.model_path).is_dir():
-            raise ConfigError(f"model_path {config.model_path} is not a local directory (nothing is downloaded).")
-        tokenizer = _load_tokenizer(Path(config.model_path))
-        if tokenizer is None:
-            raise ConfigError(f"{config.model_path} holds no tokenizer (tokenizer.json); GRPO needs one.")
-    return task, tokenizer
+    return task, policy_tokenizer(config.model_path, "GRPO")
 
 
 def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:

@@ -31,20 +31,12 @@ from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
 def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
-    from jaxrl_hier.tasks import ArithmeticTask, build_char_tokenizer
+    from jaxrl_hier.llm_rl.cli import policy_tokenizer
+    from jaxrl_hier.tasks import ArithmeticTask
 
     task = ArithmeticTask(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
                           worked=True)
-    if config.model_path is None:
-        return task, build_char_tokenizer()
-    from jaxrl_hier.llm.checkpoint import _load_tokenizer
-
-    if not Path(config.model_path).is_dir():
-        raise ConfigError(f"model_path {config.model_path} is not a local directory (nothing is downloaded).")
-    tokenizer = _load_tokenizer(Path(config.model_path))
-    if tokenizer is None:
-        raise ConfigError(f"{config.model_path} holds no tokenizer (tokenizer.json); PGTS needs one.")
-    return task, tokenizer
+    return task, policy_tokenizer(config.model_path, "PGTS")
 
 
 def check_inputs(config: PGTSConfig, task: Any, tokenizer: Any) -> None:
