@@ -69,9 +69,7 @@ class SkillsConfig:
             raise ConfigError(f"'moe_dispatch' must be 'gather' or 'mask', got '{self.moe_dispatch}'.")
         self.ppo_config()  # validates the ppo section
         if self.env_params:
-            from jaxrl_hier.envs import make
-
-            make(self.env, **self.env_params)  # unknown fields: ConfigError naming them
+            self.make_env()  # unknown fields: ConfigError naming them
 
     def make_env(self):
         """(base env, its params with `env_params` applied)."""
