@@ -41,7 +41,7 @@ class Countdown(Environment):
         s = s.replace(t=s.t + 1)
         end = s.t >= s.length
         truncated = end & (s.length % 2 == 1)
-        return self._obs(s), s, jnp.float32(1.0), end & ~truncated, truncated, {}
+        return self._obs(s), s, jnp.float32(1.0), end & ~truncated, truncated, {"steps_left": s.length - s.t}
 
     def observation_space(self, params):
         return Box(0, 2**30, (2,), jnp.int32)
@@ -85,6 +85,8 @@ def test_resets_are_fresh_distinct_and_never_continue(mode, ratio, pool):
         np.testing.assert_array_equal(obs[~done, 1], prev_obs[~done, 1] + 1)
         # final_obs is the last obs of the finished episode.
         np.testing.assert_array_equal(info["final_obs"][done, 0], prev_obs[done, 0])
+        # The env's own info comes through per env: a finished episode has no steps left.
+        assert (info["env"]["steps_left"][done] == 0).all() and (info["env"]["steps_left"][~done] > 0).all()
         slots = info["reset_slot"][info["reset_slot"] >= 0]
         assert len(set(slots.tolist())) == len(slots)
 
@@ -197,6 +199,7 @@ def test_techtree_time_limit_truncates():
     assert bool(truncated) and not bool(terminated)
 
 
+@pytest.mark.slow
 def test_craftax_smoke_and_done_split():
     """One tiny Craftax-Classic program: pooled vec stepping, and the time limit as truncation."""
     env, params = make("Craftax-Classic-Symbolic-v1")

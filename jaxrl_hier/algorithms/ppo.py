@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -336,16 +336,6 @@ class PPO:
         out_shardings = self.shardings(jax.eval_shape(init, seed_keys))
         return jax.jit(init, out_shardings=out_shardings)(seed_keys)
 
-    def init_per_seed(self, seed_keys: jax.Array, extra_variables: dict, env_params: Any) -> RunnerState:
-        """Initial state where each seed has its own extra variables and env params (leading axis
-        `num_seeds` on all three): the skills trainer runs a different skill in every seed slot."""
-        init = jax.vmap(self._init_one)
-        out_shardings = self.shardings(jax.eval_shape(init, seed_keys, extra_variables, env_params))
-        # Built on one device, then laid out: with XLA:CPU (jaxlib 0.10) and 4 simulated devices,
-        # this init compiled with sharded outputs (skill env + MoE policy) hung on its first run; the
-        # cause is not pinned down. It runs once per started skill, small next to a round of training.
-        return jax.device_put(jax.jit(init)(seed_keys, extra_variables, env_params), out_shardings)
-
     def shardings(self, runner: RunnerState) -> RunnerState:
         """Env state and obs split over the `data` axis on their shard axis (axis 1); rest replicated."""
         spec = self._specs(runner)
@@ -372,7 +362,7 @@ class PPO:
             def compute():
                 return jnp.where(truncated, self._value(params, extra, hidden, final_obs), 0.0)
 
-            return jax.lax.cond(vec._any(truncated.any()), compute, lambda: jnp.zeros(truncated.shape, jnp.float32))
+            return jax.lax.cond(vec.any_over_axes(truncated.any()), compute, lambda: jnp.zeros(truncated.shape, jnp.float32))
 
         def step(carry, _):
             env_state, obs, hidden, key = carry

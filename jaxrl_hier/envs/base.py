@@ -21,6 +21,12 @@ class Environment:
 
     name: str = "env"
     achievement_names: tuple[str, ...] = ()
+    # Optional `restart(key, final_state, params) -> (obs, state, valid, want)`: an env that defines
+    # it may start an env's next episode from a state of its own choosing instead of a fresh world.
+    # `valid`: this env has such a state; `want`: its next episode should take one. `envs.vec` asks
+    # it before handing out fresh worlds, and an env that wants one but has none borrows another
+    # env's. None: always a fresh world.
+    restart: Any = None
 
     @property
     def default_params(self) -> Any:

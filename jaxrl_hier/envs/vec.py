@@ -7,7 +7,7 @@
 `obs` is already the first observation of the next episode for envs that finished; `info` holds
 `final_obs` (the observation that ended the episode, for the truncation bootstrap),
 `returned_episode`, `episode_return`, `episode_length`, `achievements` (bool[N, A]) of the
-episodes that finished on this step, and `reset_slot` (which fresh world each env received, -1
+episodes that finished on this step, `env` (the env's own `info` of this step, per env), and `reset_slot` (which fresh world each env received, -1
 for none: used to check that no world is handed out twice).
 
 Reset schemes (`reset_mode`):
@@ -26,6 +26,11 @@ Reset schemes (`reset_mode`):
   N // reset_ratio) take pool worlds in one step; more take the full-reset branch.
 - "none": never reset (finished envs keep stepping their final state). Only a throughput bound for
   benchmarks, not for training.
+
+An env that defines `restart` (see `Environment.restart`; the skills env does, to start a deep
+skill's episodes where its own expert takes control) is asked first, in every mode but "none":
+finished envs that want a restart start from their own restart state or, without one, from a
+random other env's (within the vmapped group of envs); only the others take fresh worlds.
 
 Branches are `lax.cond`s. Under `vmap` a cond with a batched predicate runs both branches, so the
 trainer passes its vmapped axis names as `sync_axes`: the predicate is then reduced (any) over
@@ -107,7 +112,7 @@ class VecEnv:
     def _reset_many(self, key: jax.Array, n: int):
         return jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(key, n), self.params)
 
-    def _any(self, pred: jax.Array, axes: tuple[str, ...] | None = None) -> jax.Array:
+    def any_over_axes(self, pred: jax.Array, axes: tuple[str, ...] | None = None) -> jax.Array:
         """`pred` reduced over the caller's vmapped axes (default: `sync_axes`, so that lax.cond
         stays a real branch)."""
         pred = pred.astype(jnp.int32)
@@ -131,7 +136,7 @@ class VecEnv:
     def step(self, key: jax.Array, vstate: VecState, action: jax.Array):
         k_step, k_reset = jax.random.split(key)
         keys = jax.random.split(k_step, self.num_envs)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+        obs, state, reward, terminated, truncated, env_info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
             keys, vstate.env_state, action, self.params
         )
         done = terminated | truncated
@@ -144,6 +149,7 @@ class VecEnv:
             "episode_return": jnp.where(done, ep_return, 0.0),
             "episode_length": jnp.where(done, ep_length, 0),
             "achievements": achievements,
+            "env": env_info,  # the env's own info, per env (unused parts cost nothing under jit)
         }
         vstate = vstate.replace(env_state=state, episode_return=jnp.where(done, 0.0, ep_return),
                                 episode_length=jnp.where(done, 0, ep_length))
@@ -157,9 +163,11 @@ class VecEnv:
         if self.reset_mode == "none":
             return obs, vstate, no_slot
         if self.reset_mode == "auto":
+            obs, vstate, done = self._restart(key, vstate, obs, done)
             reset_obs, reset_state = self._reset_many(key, self.num_envs)
             return (_where(done, reset_obs, obs), vstate.replace(env_state=_where(done, reset_state, vstate.env_state)),
                     no_slot)
+        obs, vstate, done = self._restart(key, vstate, obs, done)
         k_pool, k_fallback = jax.random.split(key)
         if self.reset_mode == "optimistic":
             # M fresh worlds every step, whatever the done rate.
@@ -171,12 +179,28 @@ class VecEnv:
         obs, vstate, slot, served = self._take_from_pool(vstate, obs, done)
         return (*self._fallback(k_fallback, vstate, obs, done & ~served), slot)
 
+    def _restart(self, key, vstate: VecState, obs, done):
+        """(obs, vstate, done left for fresh worlds) after the env's own `restart`, if it has one."""
+        if getattr(self.env, "restart", None) is None:  # envs outside our base class have none
+            return obs, vstate, done
+        k_env, k_pick = jax.random.split(jax.random.fold_in(key, 1))  # apart from the fresh worlds' key
+        keys = jax.random.split(k_env, self.num_envs)
+        r_obs, r_state, valid, want = jax.vmap(self.env.restart, in_axes=(0, 0, None))(
+            keys, vstate.env_state, self.params)
+        # An env that wants a restart but has no state of its own borrows a random other env's, so a
+        # state that is rare to reach serves every env, not only the one that reached it.
+        logits = jnp.where(valid | ~valid.any(), 0.0, -jnp.inf)
+        source = jnp.where(valid, jnp.arange(self.num_envs), jax.random.categorical(k_pick, logits, shape=valid.shape))
+        r_obs, r_state = jax.tree.map(lambda x: x[source], (r_obs, r_state))
+        take = done & want & valid.any()
+        return _where(take, r_obs, obs), vstate.replace(env_state=_where(take, r_state, vstate.env_state)), done & ~take
+
     def _refill_if_short(self, key, vstate: VecState, need: jax.Array) -> VecState:
         """Fill the empty slots of the pool with fresh worlds, only when it cannot serve `need`."""
 
         short = vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step)
         # Instances that take fresh worlds: the short ones, and their peers along share_axes.
-        take = self._any(short, self.share_axes)
+        take = self.any_over_axes(short, self.share_axes)
 
         def refill(v: VecState) -> VecState:
             # The branch may run because another vmapped instance is short (sync_axes); only the
@@ -188,7 +212,7 @@ class VecEnv:
                              pool_state=_where(keep, v.pool_state, fresh_state),
                              pool_valid=v.pool_valid | take)
 
-        return jax.lax.cond(self._any(short), refill, lambda v: v, vstate)
+        return jax.lax.cond(self.any_over_axes(short), refill, lambda v: v, vstate)
 
     def _take_from_pool(self, vstate: VecState, obs, done):
         """Hand distinct pool worlds to (up to `resets_per_step`) finished envs, in env order.
@@ -218,7 +242,7 @@ class VecEnv:
             fresh_obs, fresh_state = self._reset_many(key, self.num_envs)
             return _where(pending, fresh_obs, o), v.replace(env_state=_where(pending, fresh_state, v.env_state))
 
-        return jax.lax.cond(self._any(pending.any()), reset_pending, lambda a: a, (obs, vstate))
+        return jax.lax.cond(self.any_over_axes(pending.any()), reset_pending, lambda a: a, (obs, vstate))
 
 
 def make_vec_env(env, params, num_envs: int, reset_mode: str = "pool", reset_ratio: int = 16, *,

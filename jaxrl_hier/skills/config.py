@@ -37,6 +37,10 @@ class SkillsConfig:
     updates_per_round: int = 10  # PPO updates per compiled chunk; the scheduler acts between rounds
     max_experts: int = 12  # frozen dependency experts a skill can hold
     max_conditions: int = 4
+    # Start this share of a skill's episodes where its own expert took control in an earlier episode,
+    # not in a fresh world (see skills.env): a deep skill's own expert then gets most of the steps,
+    # not its frozen dependencies. 0: always a fresh world.
+    restart_prob: float = 0.0
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
     max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
     seed: int = 0
@@ -57,6 +61,8 @@ class SkillsConfig:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
         if not 0 <= self.min_skill_timesteps <= self.skill_timesteps:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
+        if not 0.0 <= self.restart_prob < 1.0:
+            raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: no restarts), got {self.restart_prob}.")
         if self.max_rounds < 0:
             raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
         if self.stale_lock_s <= 0:

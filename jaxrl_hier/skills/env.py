@@ -5,11 +5,25 @@ For a skill S with dependency plan (d_1, ..., d_L) (its dependency closure, in t
 - the observation is `{"obs": base_obs, "expert": j}` where j is the plan position of the first
   dependency whose success conditions do not hold yet (its frozen expert acts), or L when they all
   hold (S's own, trainable expert acts): the dependency-gated mixture of experts of Flow-RL.
-- two per-episode flags, `achievements = (success, reached)`: `reached` is set once S's own expert
-  has had control (every dependency held). A skill is judged on the episodes it reached: its frozen
-  dependencies fail on some episodes, and counting those against S would cap S's success rate at
-  the product of its dependencies' rates (the deeper the skill, the lower), however well S itself
-  has learned. The chain's rate (successes over all episodes) is logged beside it.
+- per-episode flags, `achievements = (success, reached, restarted, chain_success, fresh_reached)`: `reached` is
+  set once S's own expert has had control (every dependency held). A skill is judged on the
+  episodes it reached: its frozen dependencies fail on some episodes, and counting those against S
+  would cap S's success rate at the product of its dependencies' rates (the deeper the skill, the
+  lower), however well S itself has learned. Logged beside it: the chain's rate (successes over
+  the episodes that began in a fresh world, `chain_success` over not `restarted`) and, with
+  restarts, S's rate from the states fresh chains hand it (`chain_success` over `fresh_reached`),
+  which restarts from a few shared anchors cannot inflate.
+- restarts (`restart_prob` > 0): a deep skill's episode spends most of its steps in its frozen
+  dependencies (make_iron_pickaxe's seven took ~250 of ~285 steps on TechTree), so its own expert
+  gets little practice per env step. The state where S's own expert first took control in a
+  fresh-world episode is kept as the episode's anchor; when the episode ends, with probability
+  `restart_prob` the env starts its next episode from that anchor (its time step included, so the
+  time left is the same as when it was first reached) instead of a fresh world, and the anchor is
+  kept for the next end; otherwise the env takes a fresh world and the anchor is dropped. An env
+  without an anchor of its own restarts from a random other env's (`envs.vec`): the deeper the
+  skill, the rarer a chain that reaches it, and one found serves every env. A share
+  1 - restart_prob of episodes starts fresh and supplies new anchors; the greedy evaluation
+  (`skills.trainer`) starts from fresh worlds only. Root skills (no dependencies) never restart.
 
 A skill is data (`SkillParams`: quantity indices, operators, thresholds), so one compiled program
 serves any skill, and the skills trained at once differ only in the arrays vmapped over them.
@@ -57,6 +71,12 @@ class SkillEnvState:
     base: Any
     success: jax.Array  # bool: the skill's conditions hold in this state
     reached: jax.Array  # bool: the skill's own expert has had control in this episode
+    restarted: jax.Array  # bool: this episode began from an anchor, not from a fresh world
+    # With restarts only (else None): the base state and observation where the skill's own expert
+    # first took control in the latest fresh-world episode, and whether there is one.
+    anchor: Any = None
+    anchor_obs: Any = None
+    has_anchor: Any = None
 
 
 def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
@@ -71,10 +91,16 @@ def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
 class SkillEnv(Environment):
     """Wraps `base` for skill training; see the module docstring."""
 
-    achievement_names = ("success", "reached")
+    achievement_names = ("success", "reached", "restarted", "chain_success", "fresh_reached")
 
-    def __init__(self, base: Environment, quantities: dict[str, QuantityFn], max_experts: int, max_conditions: int):
+    def __init__(self, base: Environment, quantities: dict[str, QuantityFn], max_experts: int, max_conditions: int,
+                 restart_prob: float = 0.0):
+        if not 0.0 <= restart_prob < 1.0:
+            raise SkillError(f"restart_prob must lie in [0, 1), got {restart_prob}.")
         self.base = base
+        self.restart_prob = float(restart_prob)
+        # VecEnv asks `restart` before handing out fresh worlds (see Environment.restart).
+        self.restart = self._restart if restart_prob > 0 else None
         self.name = f"Skill({base.name})"
         self.quantity_names = tuple(quantities)
         self._fns = tuple(quantities.values())
@@ -143,14 +169,31 @@ class SkillEnv(Environment):
     def reset(self, key: jax.Array, params: SkillEnvParams):
         base_obs, state = self.base.reset(key, params.base)
         obs, success, own = self._observe(base_obs, state, params)
-        return obs, SkillEnvState(state, success, own)
+        anchor = (state, base_obs, jnp.bool_(False)) if self.restart is not None else (None, None, None)
+        return obs, SkillEnvState(state, success, own, jnp.bool_(False), *anchor)
 
     def step(self, key: jax.Array, state: SkillEnvState, action: jax.Array, params: SkillEnvParams):
         base_obs, base_state, _, terminated, truncated, info = self.base.step(key, state.base, action, params.base)
         obs, success, own = self._observe(base_obs, base_state, params)
         reward = success.astype(jnp.float32)
-        new = SkillEnvState(base_state, success, state.reached | own)
+        new = SkillEnvState(base_state, success, state.reached | own, state.restarted,
+                            state.anchor, state.anchor_obs, state.has_anchor)
+        if self.restart is not None:
+            # The first step of a fresh-world episode on which S's own expert takes control.
+            capture = own & ~state.reached & ~success & (params.skill.plan_len > 0)
+            keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(capture, x, y), a, b)  # noqa: E731
+            new = new.replace(anchor=keep(base_state, state.anchor), anchor_obs=keep(base_obs, state.anchor_obs),
+                              has_anchor=state.has_anchor | capture)
         return obs, new, reward, terminated | success, truncated & ~success, info
+
+    def _restart(self, key: jax.Array, final: SkillEnvState, params: SkillEnvParams):
+        """(obs, state, valid, want): the next episode from `final`'s anchor (valid if it has one),
+        wanted with probability `restart_prob` (see the module docstring)."""
+        want = (jax.random.uniform(key) < self.restart_prob) & (params.skill.plan_len > 0)
+        obs, success, own = self._observe(final.anchor_obs, final.anchor, params)
+        state = SkillEnvState(final.anchor, success, own, jnp.bool_(True), final.anchor, final.anchor_obs,
+                              final.has_anchor)
+        return obs, state, final.has_anchor, want
 
     def observation_space(self, params: SkillEnvParams):
         return self.base.observation_space(params.base)
@@ -159,4 +202,5 @@ class SkillEnv(Environment):
         return self.base.action_space(params.base)
 
     def achievements(self, state: SkillEnvState) -> jax.Array:
-        return jnp.stack([state.success, state.reached])
+        fresh = ~state.restarted
+        return jnp.stack([state.success, state.reached, state.restarted, state.success & fresh, state.reached & fresh])

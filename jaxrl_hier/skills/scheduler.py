@@ -209,7 +209,8 @@ class Scheduler:
                                "episode_return": res.episode_return,
                                "episode_length": res.episode_length, "wall_s": r.wall_s,
                                "greedy_success_rate": getattr(res, "greedy_success_rate", None),
-                               "chain_success_rate": getattr(res, "chain_success_rate", None)})
+                               "chain_success_rate": getattr(res, "chain_success_rate", None),
+                               "fresh_success_rate": getattr(res, "fresh_success_rate", None)})
         passed = (r.success_rate is not None and r.episodes >= c.min_episodes
                   and r.success_rate >= c.success_rate_threshold)
         if passed and r.steps >= c.min_skill_timesteps:

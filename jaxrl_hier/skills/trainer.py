@@ -48,7 +48,9 @@ class RoundResult(NamedTuple):
     episode_length: float | None
     greedy_success_rate: float | None = None  # the same rate, greedy evaluation after the round
     greedy_episodes: int = 0
-    chain_success_rate: float | None = None  # successes / all episodes: the whole chain, dependencies included
+    chain_success_rate: float | None = None  # successes / fresh-world episodes: the whole chain, dependencies
+    # included (episodes restarted from an anchor, see `SkillEnv`, are left out)
+    fresh_success_rate: float | None = None  # successes / fresh-world episodes that reached the skill's expert
 
 
 IDLE = RoundResult(None, 0, 0, None, None)
@@ -71,7 +73,8 @@ class SkillTrainer:
         self.config = config
         base, base_params = config.make_env()
         self.base_params = base_params
-        self.env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions)
+        self.env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions,
+                            config.restart_prob)
         ppo_config = config.ppo_config()
         self.policy = MoEPolicy(base.action_space(base_params).n, ppo_config.hidden_size, ppo_config.num_layers,
                                 ppo_config.activation, config.max_experts, config.moe_dispatch)
@@ -88,7 +91,7 @@ class SkillTrainer:
         self._select = jax.jit(_select, static_argnums=2)
         self._merge = jax.jit(_merge)
         self._swap = jax.jit(_swap_in)
-        self._init_slots = jax.jit(jax.vmap(self.ppo._init_one))  # as PPO.init_per_seed, compiled once
+        self._init_slots = jax.jit(jax.vmap(self.ppo._init_one))  # one slot per seed, compiled once
 
     @property
     def quantity_names(self) -> tuple[str, ...]:
@@ -113,7 +116,10 @@ class SkillTrainer:
         env_params = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[p for p, _ in inputs])
         extra = jax.tree.map(lambda *xs: jnp.stack(xs), *[e for _, e in inputs])
         keys = jax.random.split(key, self.slots)
-        fresh = self._init_slots(keys, extra, env_params)  # on one device, then laid out (see init_per_seed)
+        # Built on one device, then laid out: with XLA:CPU (jaxlib 0.10) and 4 simulated devices, this
+        # init compiled with sharded outputs (skill env + MoE policy) hung on its first run; the cause is
+        # not pinned down. It runs once per started skill, small next to a round of training.
+        fresh = self._init_slots(keys, extra, env_params)
         return jax.device_put(fresh, self.ppo.shardings(fresh))
 
     def init(self, key: jax.Array) -> None:
@@ -162,13 +168,16 @@ class SkillTrainer:
             def mean(x: np.ndarray) -> float | None:
                 return total(x) / n if n else None
 
-            successes, reached = (total(host["achievements"][:, j, i]) for i in (0, 1))
+            successes, reached, restarted, chain, fresh_reached = (total(host["achievements"][:, j, i])
+                                                                   for i in range(5))
+            fresh = n - restarted  # episodes that began in a fresh world: the chain's rate counts only these
             reached_greedy = int(greedy_episodes[j])
             out[slot] = RoundResult(successes / reached if reached else None, int(round(reached)),
                                     self.config.updates_per_round * self.steps_per_update,
                                     mean(host["episode_return"][:, j]), mean(host["episode_length"][:, j]),
                                     float(greedy_success[j]) / reached_greedy if reached_greedy else None,
-                                    reached_greedy, mean(host["achievements"][:, j, 0]))
+                                    reached_greedy, chain / fresh if fresh > 0.5 else None,
+                                    chain / fresh_reached if fresh_reached > 0.5 else None)
         return out
 
     def _greedy_eval(self, params: Any, extra: Any, env_params: Any, key: jax.Array, horizon: int):
@@ -259,10 +268,14 @@ def _swap_in(old: Any, new: Any, take: jax.Array) -> Any:
 def save_expert(directory: Path, expert: dict, meta: dict) -> None:
     """Write one skill's expert parameters under `directory/expert` (Orbax finalises atomically).
 
-    A leftover from an attempt that crashed before the state file said "completed" is replaced."""
+    A leftover from an attempt that crashed before the state file said "completed" is replaced:
+    removed by process 0 alone, and every process waits for that before Orbax's (multi-process) save."""
+    from jaxrl_hier.train import is_primary, sync_processes
+
     path = Path(directory) / "expert"
-    if path.exists():
+    if path.exists() and is_primary():
         shutil.rmtree(path)
+    sync_processes("jaxrl_hier.skills:save_expert")
     ckpt = Checkpointer(path, keep=1, asynchronous=False)
     try:
         ckpt.save(0, expert, meta)

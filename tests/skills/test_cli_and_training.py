@@ -47,6 +47,7 @@ min_skill_timesteps: 30720
 updates_per_round: 10
 max_experts: 4
 max_conditions: 2
+restart_prob: 0.9
 ppo: {{num_envs: 64, num_steps: 16, num_minibatches: 4, lr: 0.001, hidden_size: 64, num_layers: 2}}
 """
 
@@ -147,6 +148,7 @@ def _wait_for(predicate, proc, timeout):
     return False
 
 
+@pytest.mark.slow
 def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_path):
     config = write_config(tmp_path)
     out = tmp_path / "run"

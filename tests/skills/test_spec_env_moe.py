@@ -135,16 +135,57 @@ def test_skill_env_gates_experts_and_rewards_success():
     noop = jnp.int32(0)
     o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood"), noop, p)
     assert int(o["expert"]) == 1 and float(r) == 0.0 and not bool(term)  # place_table's expert acts
-    assert senv.achievements(s).tolist() == [False, False]  # the skill's own expert has not acted yet
+    assert senv.achievements(s).tolist() == [False, False, False, False, False]  # the skill's own expert has not acted yet
     o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood", "place_table"), noop, p)
     assert int(o["expert"]) == 2 and float(r) == 0.0  # all dependencies met: the new expert (position 2)
-    assert senv.achievements(s).tolist() == [False, True]  # reached: this episode counts for the skill
+    assert senv.achievements(s).tolist() == [False, True, False, False, True]  # reached: this episode counts for the skill
     # A dependency lost again (here: flag cleared) hands control back to its expert; `reached` stays.
     o, s2, *_ = senv.step(jax.random.key(1), s.replace(base=with_achievements("place_table").base), noop, p)
-    assert int(o["expert"]) == 0 and senv.achievements(s2).tolist() == [False, True]
+    assert int(o["expert"]) == 0 and senv.achievements(s2).tolist() == [False, True, False, False, True]
     o, s, r, term, trunc, _ = senv.step(
         jax.random.key(1), with_achievements("collect_wood", "place_table", "make_wood_pickaxe"), noop, p)
-    assert float(r) == 1.0 and bool(term) and not bool(trunc) and senv.achievements(s).tolist() == [True, True]
+    assert float(r) == 1.0 and bool(term) and not bool(trunc) and senv.achievements(s).tolist() == [True, True, False, True, True]
+
+
+def test_restarts_resume_from_the_state_where_the_skill_was_reached():
+    # make_wood_pickaxe (plan: collect_wood, place_table) with restarts always taken (prob -> 1).
+    from jaxrl_hier.envs import make_vec_env
+
+    env, params = make("TechTree-v0")
+    lib = techtree_library()
+    with pytest.raises(SkillError, match="restart_prob"):
+        SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2, restart_prob=1.0)
+    senv = SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2, restart_prob=0.999999)
+    p = senv.params_for(params, lib, "make_wood_pickaxe")
+    _, state = senv.reset(jax.random.key(0), p)
+    noop = jnp.int32(0)
+    assert not bool(senv.restart(jax.random.key(1), state, p)[2])  # no anchor yet
+    ach = jnp.array([n in ("collect_wood", "place_table") for n in tt.ACHIEVEMENTS])
+    reached = state.replace(base=state.base.replace(achievements=ach, timestep=jnp.int32(40)))
+    _, s, *_ = senv.step(jax.random.key(1), reached, noop, p)  # the own expert takes control: anchor kept
+    assert bool(s.has_anchor) and int(s.anchor.timestep) == 41
+    for _ in range(3):  # later steps of the episode do not move the anchor
+        _, s, *_ = senv.step(jax.random.key(2), s, jnp.int32(1), p)
+    assert int(s.anchor.timestep) == 41 and int(s.base.timestep) == 44
+    obs, r, valid, want = senv.restart(jax.random.key(3), s, p)
+    assert bool(valid) and bool(want) and int(r.base.timestep) == 41 and int(obs["expert"]) == 2  # own expert
+    assert senv.achievements(r).tolist() == [False, True, True, False, False]  # reached, restarted: not the chain's
+    root = senv.params_for(params, lib, "collect_wood")
+    assert not bool(senv.restart(jax.random.key(3), s, root)[3])  # a root skill never restarts
+
+    # In a vec env: finished envs restart from their anchor, or borrow another env's; with no anchor
+    # anywhere they take fresh worlds.
+    vec = make_vec_env(senv, p, num_envs=3, reset_ratio=1)
+    _, v = vec.reset(jax.random.key(0))
+    envs = jax.tree.map(lambda x: jnp.stack([x, x, x]), s)
+    envs = envs.replace(base=envs.base.replace(timestep=jnp.array([99, 99, 50], jnp.int32)),  # 0, 1 end now
+                        anchor=envs.anchor.replace(timestep=jnp.array([41, 7, 9], jnp.int32)))
+    for has, want_t in [([True, False, False], [41, 41]), ([False, False, False], [0, 0])]:
+        v2 = v.replace(env_state=envs.replace(has_anchor=jnp.array(has)))
+        obs, v2, *_, info = vec.step(jax.random.key(4), v2, jnp.zeros(3, jnp.int32))
+        assert np.asarray(info["returned_episode"]).tolist() == [True, True, False]
+        assert np.asarray(v2.env_state.base.timestep).tolist() == want_t + [51]
+        assert np.asarray(v2.env_state.restarted)[:2].tolist() == [want_t[0] > 0] * 2
 
 
 @pytest.mark.parametrize("experts,rows", [(1, 5), (3, 64), (9, 256), (33, 100)])
