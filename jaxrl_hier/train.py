@@ -246,66 +246,50 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
 
     import jax
 
-    from jaxrl_hier.algorithms.ppo import make_train, metrics_to_records
-    from jaxrl_hier.checkpointing import Checkpointer
-    from jaxrl_hier.logging import MetricsWriter, plot_learning_curve, read_jsonl
+    from jaxrl_hier.algorithms.ppo import make_train
+    from jaxrl_hier.checkpointing.resumable import ResumableRun
+    from jaxrl_hier.logging import plot_learning_curve, read_jsonl
 
     trainer = make_train(config)
     sync_processes("jaxrl_hier.train:checked")  # every process has looked at the directory before any writes
     primary = is_primary()
-    ckpt = Checkpointer(output_dir / "checkpoints", keep=config.keep_checkpoints)
-    meta = checkpoint_meta(trainer)
     t0 = time.perf_counter()
     runner = trainer.init(jax.random.PRNGKey(config.seed))
-    start = 0
-    try:
-        if args.resume and ckpt.latest_step() is not None:
-            start = ckpt.latest_step()
-            runner, _ = ckpt.restore(start, runner, expect=meta)
+    total = config.num_updates
+    steps_per_update = config.steps_per_update
+    with ResumableRun(output_dir / "checkpoints", checkpoint_meta(trainer), keep=config.keep_checkpoints,
+                      every=config.checkpoint_every, total=total, resume=args.resume, primary=primary) as run:
+        runner, start = run.restore(runner)
+        if start:
             log(f"resumed {output_dir} at update {start}")
         elif args.resume:
             log(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch")
-    except BaseException:
-        ckpt.close()
-        raise
-    # Every check passed (the checkpoint is restored): only now the run directory's files change.
-    save_run_config(output_dir / "config.yaml", "ppo", config)
-    writer = MetricsWriter(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
-                           wandb_project=config.wandb_project, config=to_dict(config), primary=primary)
-    if args.resume:
-        writer.truncate_after(start)
-
-    total = config.num_updates
-    steps_per_update = config.steps_per_update
-    progress = progress_bar(args, total * steps_per_update, start * steps_per_update, config.env)
-    update = start
-    compile_s = None
-    try:
-        while update < total:
-            n = min(config.log_every, total - update)
-            tick = time.perf_counter()
-            runner, metrics = trainer.update(runner, n)
-            metrics = jax.block_until_ready(metrics)
-            elapsed = time.perf_counter() - tick
-            if compile_s is None:
-                compile_s = elapsed
-            update += n
-            rec = _merge_chunk(metrics_to_records(metrics, trainer.achievement_names))
-            rec.update(update=update, env_steps=update * steps_per_update, fps=n * steps_per_update / elapsed,
-                       time_s=time.perf_counter() - t0)
-            writer.write(rec)
+        # Every check passed (the checkpoint is restored): only now the run directory's files change.
+        save_run_config(output_dir / "config.yaml", "ppo", config)
+        writer = run.log(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
+                         wandb_project=config.wandb_project, config=to_dict(config))
+        progress = progress_bar(args, total * steps_per_update, start * steps_per_update, config.env)
+        update = start
+        compile_s = None
+        try:
+            while update < total:
+                n = min(config.log_every, total - update)
+                runner, rec, elapsed = train_chunk(trainer, runner, n)
+                if compile_s is None:
+                    compile_s = elapsed
+                update += n
+                rec.update(update=update, env_steps=update * steps_per_update, fps=n * steps_per_update / elapsed,
+                           time_s=time.perf_counter() - t0)
+                writer.write(rec)
+                if progress is not None:
+                    progress.update(n * steps_per_update)
+                    ret = rec.get("episode_return")
+                    progress.set_postfix(fps=f"{rec['fps']:.0f}",
+                                         ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
+                run.save_if_due(update, runner)
+        finally:
             if progress is not None:
-                progress.update(n * steps_per_update)
-                ret = rec.get("episode_return")
-                progress.set_postfix(fps=f"{rec['fps']:.0f}",
-                                     ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
-            if update == total or (config.checkpoint_every and update % config.checkpoint_every == 0):
-                ckpt.save(update, runner, meta)  # every process: Orbax coordinates a multi-process save
-    finally:
-        if progress is not None:
-            progress.close()
-        ckpt.close()
-        writer.close()
+                progress.close()
 
     if not primary:
         return 0
@@ -320,6 +304,19 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
     log(f"done: {update} updates, {update * steps_per_update} env steps in {time.perf_counter() - t0:.1f}s "
         f"(first compile {compile_s or 0:.1f}s); episode return {first} -> {last}; outputs in {output_dir}")
     return 0
+
+
+def train_chunk(trainer, runner, n: int) -> tuple[Any, dict, float]:
+    """`n` PPO updates in one compiled call: (runner, one record for the chunk, seconds it took)."""
+    import jax
+
+    from jaxrl_hier.algorithms.ppo import metrics_to_records
+
+    tick = time.perf_counter()
+    runner, metrics = trainer.update(runner, n)
+    metrics = jax.block_until_ready(metrics)
+    elapsed = time.perf_counter() - tick
+    return runner, _merge_chunk(metrics_to_records(metrics, trainer.achievement_names)), elapsed
 
 
 def _merge_chunk(all_records: list[dict]) -> dict:

@@ -81,12 +81,11 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary."""
     import jax
 
-    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import load_pretrained, merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.grpo import evaluate_policy
     from jaxrl_hier.llm_rl.model_setup import build_lora
     from jaxrl_hier.llm_rl.sft import SFT
-    from jaxrl_hier.logging import MetricsWriter
     from jaxrl_hier.train import is_primary, log, progress_bar
 
     stage = out / "sft"
@@ -103,34 +102,29 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
               max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens, seed=config.seed,
               lora=lora)
     state = sft.init()
-    ckpt = Checkpointer(stage / "checkpoints", keep=config.keep_checkpoints)
-    writer = MetricsWriter(stage, primary=is_primary())
-    start = 0
-    if ckpt.latest_step() is not None:
-        start = ckpt.latest_step()
-        state, _ = ckpt.restore(start, state, expect={"stage": "sft"})
-        log(f"SFT resumed at step {start}")
-    writer.truncate_after(start)
-    progress = progress_bar(args, config.sft_steps, start, "sft")
     t0 = time.perf_counter()
-    try:
-        for step in range(start, config.sft_steps):
-            batch, _ = sft.batch(step)
-            state, metrics = sft.step(state, batch)
-            if (step + 1) % config.log_every == 0 or step + 1 == config.sft_steps:
-                rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                writer.write({"update": step + 1, "step": step + 1, "time_s": time.perf_counter() - t0, **rec})
+    with ResumableRun(stage / "checkpoints", {"stage": "sft"}, keep=config.keep_checkpoints,
+                      every=config.sft_checkpoint_every, total=None, resume=True, primary=is_primary()) as run:
+        state, start = run.restore(state)
+        if start:
+            log(f"SFT resumed at step {start}")
+        writer = run.log(stage)
+        progress = progress_bar(args, config.sft_steps, start, "sft")
+        try:
+            for step in range(start + 1, config.sft_steps + 1):
+                batch, _ = sft.batch(step - 1)
+                state, metrics = sft.step(state, batch)
+                if step % config.log_every == 0 or step == config.sft_steps:
+                    rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    writer.write({"update": step, "step": step, "time_s": time.perf_counter() - t0, **rec})
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{rec['loss']:.3f}")
                 if progress is not None:
-                    progress.set_postfix(loss=f"{rec['loss']:.3f}")
+                    progress.update(1)
+                run.save_if_due(step, state)  # the end is saved as the stage's model, not as a checkpoint
+        finally:
             if progress is not None:
-                progress.update(1)
-            if config.sft_checkpoint_every and (step + 1) % config.sft_checkpoint_every == 0:
-                ckpt.save(step + 1, state, {"stage": "sft"})
-    finally:
-        if progress is not None:
-            progress.close()
-        ckpt.close()
-        writer.close()
+                progress.close()
     params, adapter = sft.params_and_lora(state)
     params = merge_lora(params, adapter)
     test = task.problems("test", config.eval_problems, config.seed)
@@ -223,11 +217,11 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
 
     import jax
 
-    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.grpo import make_train
     from jaxrl_hier.llm_rl.model_setup import build_lora, build_mesh, build_policy
-    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+    from jaxrl_hier.logging import read_jsonl
 
     mesh = build_mesh(config)
     lm, tokenizer = build_policy(config, tokenizer, mesh=mesh)
@@ -245,18 +239,14 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     trainer = make_train(config, lm, tokenizer, task, lora=lora)
     state = trainer.init(jax.random.key(config.seed))
     meta = {"stage": "grpo", "lora_rank": config.lora_rank, "loss_type": config.loss_type}
-    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
     primary = is_primary()
-    writer = MetricsWriter(out, primary=primary)
-    samples_writer = MetricsWriter(out, primary=primary, filename="samples.jsonl")
-    start = 0
-    try:
-        if args.resume and ckpt.latest_step() is not None:
-            start = ckpt.latest_step()
-            state, _ = ckpt.restore(start, state, expect=meta)
+    with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
+                      total=config.total_steps, resume=args.resume, primary=primary) as run:
+        state, start = run.restore(state)
+        if start:
             log(f"GRPO resumed at step {start}")
-        writer.truncate_after(start)
-        samples_writer.truncate_after(start)
+        writer = run.log(out)
+        samples_writer = run.log(out, filename="samples.jsonl")
         if start == 0:
             ev = trainer.evaluate(state, test)
             writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
@@ -278,14 +268,9 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
-            if step == config.total_steps or (config.checkpoint_every and step % config.checkpoint_every == 0):
-                ckpt.save(step, state, meta)
+            run.save_if_due(step, state)
         if progress is not None:
             progress.close()
-    finally:
-        ckpt.close()
-        writer.close()
-        samples_writer.close()
     params, adapter = trainer.params_and_lora(state)
     if primary:
         final = merge_lora(params, adapter)

@@ -126,12 +126,12 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
 
     import jax
 
-    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.guided import make_train
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
-    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+    from jaxrl_hier.logging import read_jsonl
     from jaxrl_hier.tasks import save_tokenizer
 
     mesh = build_mesh(config)
@@ -161,18 +161,14 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     meta = {"stage": "guided", "env": config.env, "critic": config.critic, "lora_rank": config.lora_rank,
             "replay_capacity": config.replay_capacity}
     test = lambda: env.reset("test", config.eval_episodes, config.seed)  # noqa: E731
-    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
     primary = is_primary()
-    writer = MetricsWriter(out, primary=primary)
-    samples_writer = MetricsWriter(out, primary=primary, filename="samples.jsonl")
-    start = 0
-    try:
-        if args.resume and ckpt.latest_step() is not None:
-            start = ckpt.latest_step()
-            state, _ = ckpt.restore(start, state, expect=meta)
+    with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
+                      total=config.iterations, resume=args.resume, primary=primary) as run:
+        state, start = run.restore(state)
+        if start:
             log(f"guided agent resumed at iteration {start}")
-        writer.truncate_after(start)
-        samples_writer.truncate_after(start)
+        writer = run.log(out)
+        samples_writer = run.log(out, filename="samples.jsonl")
         if start == 0:
             ev, _ = agent.evaluate(state, test())
             writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()}})
@@ -194,14 +190,9 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
                 progress.update(1)
                 shown = ("train/turn2_accuracy", "train/turns")
                 progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
-            if step == config.iterations or (config.checkpoint_every and step % config.checkpoint_every == 0):
-                ckpt.save(step, state, meta)
+            run.save_if_due(step, state)
         if progress is not None:
             progress.close()
-    finally:
-        ckpt.close()
-        writer.close()
-        samples_writer.close()
     if primary:
         for name, directory in (("actor", "model"), ("guidance", "guidance_model")):
             if name in state.policy:

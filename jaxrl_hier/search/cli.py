@@ -304,8 +304,6 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     check_inputs(config, task, tokenizer)
     config.ppo_config().validate()
 
-    import jax
-
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 
@@ -345,13 +343,13 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     import jax
     import numpy as np
 
-    from jaxrl_hier.algorithms.ppo import make_train, metrics_to_records
-    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.algorithms.ppo import make_train
+    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.io import atomic_write_text
-    from jaxrl_hier.logging import MetricsWriter, read_jsonl
+    from jaxrl_hier.logging import read_jsonl
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
-    from jaxrl_hier.train import _merge_chunk, is_primary, log, progress_bar
+    from jaxrl_hier.train import is_primary, log, progress_bar, train_chunk
 
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
@@ -369,19 +367,17 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)
     meta = {"stage": "pgts_ppo", "max_nodes": config.max_nodes, "max_depth": config.max_depth,
             "num_envs": config.num_envs, "policy_hidden_size": config.policy_hidden_size}
-    ckpt = Checkpointer(out / "checkpoints", keep=config.keep_checkpoints)
     runner = trainer.init(jax.random.key(config.seed))
     total = config.num_updates
-    start = 0
     trees_path = out / "trees.txt"
     primary = is_primary()
-    writer = MetricsWriter(out, primary=primary)
-    try:
-        if ckpt.latest_step() is not None:
-            start = ckpt.latest_step()
-            runner, _ = ckpt.restore(start, runner, expect=meta)
+    # A stage of the pipeline: it always goes on from its latest checkpoint.
+    with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
+                      total=total, resume=True, primary=primary) as run:
+        runner, start = run.restore(runner)
+        if start:
             log(f"PGTS PPO resumed at update {start}")
-        writer.truncate_after(start)
+        writer = run.log(out)
         trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() and start else []
         trees = [t for t in trees if t.strip() and _tree_update(t) <= start]
 
@@ -405,12 +401,8 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
         t0 = time.perf_counter()
         while update < total:
             n = min(config.log_every, total - update)
-            tick = time.perf_counter()
-            runner, metrics = trainer.update(runner, n)
-            metrics = jax.block_until_ready(metrics)
-            elapsed = time.perf_counter() - tick
+            runner, rec, elapsed = train_chunk(trainer, runner, n)
             update += n
-            rec = _merge_chunk(metrics_to_records(metrics, trainer.achievement_names))
             rec.update(update=update, env_steps=update * steps_per_update, search_steps_per_s=n * steps_per_update / elapsed,
                        time_s=time.perf_counter() - t0)
             if (config.eval_every and update % config.eval_every == 0) or update == total:
@@ -421,13 +413,9 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
                 acc = rec.get("achievement/correct")
                 progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
                                      acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
-            if update == total or (config.checkpoint_every and update % config.checkpoint_every == 0):
-                ckpt.save(update, runner, meta)
+            run.save_if_due(update, runner)
         if progress is not None:
             progress.close()
-    finally:
-        ckpt.close()
-        writer.close()
     if primary:
         plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
     return search, net(runner)

@@ -1,8 +1,10 @@
 """The PGTS pipeline CLI: bad config values exit 2 before anything compiles; one tiny end-to-end run
-(SFT, reward model, PPO on the search env, evaluation table) writes every output, and a second
-call with --resume finds every stage complete."""
+(SFT, reward model, PPO on the search env, evaluation table) writes every output, a second call
+with --resume finds every stage complete, and one after a kill inside the PPO stage (its last
+checkpoint lost) continues that stage exactly."""
 
 import json
+import shutil
 
 import pytest
 
@@ -31,6 +33,7 @@ def test_bad_config_exits_2(tmp_path, capsys, override, message):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_pipeline_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY]
@@ -61,3 +64,14 @@ def test_pipeline_end_to_end(tmp_path, capsys):
     assert "evaluation stage already complete" in err
     assert (out / "eval/results.json").read_text() == before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
+    # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
+    # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
+    shutil.rmtree(out / "checkpoints" / "2")
+    capsys.readouterr()
+    assert train.main(args + ["--resume"]) == 0
+    assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
+    replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    volatile = ("time_s", "search_steps_per_s")
+    assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
+        [{k: v for k, v in r.items() if k not in volatile} for r in records]
+    assert (out / "trees.txt").read_text() == trees

@@ -1,0 +1,75 @@
+"""A run directory's checkpoints and JSONL logs, kept in step so that a kill at any instant leaves
+a resumable run: the one loop skeleton of every trainer CLI (PPO, GRPO, the guided agent, PGTS's
+PPO stage).
+
+    with ResumableRun(out / "checkpoints", meta, keep=3, every=50, total=1000, resume=True) as run:
+        state, start = run.restore(state)      # the latest checkpoint when resuming, else (state, 0)
+        writer = run.log(out)                  # metrics.jsonl cut back to the restored step
+        for step in range(start + 1, total + 1):
+            state, metrics = ...
+            writer.write({"update": step, **metrics})
+            run.save_if_due(step, state)       # every `every` steps and at `total`
+
+Rows logged after the latest checkpoint are replayed on resume, so `log` drops them first (rows
+carry their step as `update`); a step is logged before it is checkpointed, so no row is lost.
+Checkpoints are saved by every process (Orbax coordinates a multi-process save); logs are written
+by process 0 only (`primary`). `restore` comes before `log` so that a refused restore (a checkpoint
+of another run's shapes) has changed no file of the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from jaxrl_hier.checkpointing.checkpoints import Checkpointer
+
+
+class ResumableRun:
+    def __init__(self, directory: str | Path, meta: Mapping[str, Any], *, keep: int, every: int, total: int | None,
+                 resume: bool, primary: bool = True):
+        """`every`: steps between checkpoints (0: none on the way); `total`: the last step, always
+        checkpointed (None: not, for a stage that saves its own result when it ends)."""
+        self.ckpt = Checkpointer(directory, keep=keep)
+        self.meta = dict(meta)
+        self.every, self.total, self.resume, self.primary = every, total, resume, primary
+        self.start = 0
+        self._writers: list[Any] = []
+
+    def restore(self, state: Any) -> tuple[Any, int]:
+        """(state, step): the latest checkpoint's when resuming and there is one, else (state, 0)."""
+        latest = self.ckpt.latest_step() if self.resume else None
+        if latest is not None:
+            state, _ = self.ckpt.restore(latest, state, expect=self.meta)
+            self.start = latest
+        return state, self.start
+
+    def log(self, directory: str | Path, filename: str = "metrics.jsonl", **kwargs: Any):
+        """A MetricsWriter of `directory/filename` holding only rows up to the restored step."""
+        from jaxrl_hier.logging import MetricsWriter
+
+        writer = MetricsWriter(directory, primary=self.primary, filename=filename, **kwargs)
+        self._writers.append(writer)
+        writer.truncate_after(self.start)
+        return writer
+
+    def due(self, step: int) -> bool:
+        return (self.total is not None and step == self.total) or bool(self.every and step % self.every == 0)
+
+    def save_if_due(self, step: int, state: Any) -> None:
+        if self.due(step):
+            self.ckpt.save(step, state, self.meta)
+
+    def close(self) -> None:
+        """Wait for the last save and close the logs (also after an error: what was saved stays)."""
+        try:
+            self.ckpt.close()
+        finally:
+            for writer in self._writers:
+                writer.close()
+
+    def __enter__(self) -> "ResumableRun":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
