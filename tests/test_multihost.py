@@ -30,9 +30,8 @@ def free_port() -> int:
 
 
 def env_for(devices: int, **extra: str) -> dict:
-    # LLVM at -O0 compiles about 1.5x faster on CPU; every run here uses the same flags.
-    flags = (f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0 "
-             "--xla_llvm_disable_expensive_passes=true")
+    # The session's flags (tests/conftest.py: no backend optimisation) plus the device count.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags, **extra)
     for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         if var not in extra:
@@ -97,6 +96,7 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
                 assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a, b)
 
 
+@pytest.mark.slow
 def test_two_processes_match_four_devices_and_resume_after_kill(tmp_path):
     single, multi = tmp_path / "one", tmp_path / "two"
     logs = tmp_path / "logs"

@@ -39,6 +39,7 @@ def success(metrics, last: int = 4) -> float:
     return float(np.nanmean(np.asarray(metrics["episode_return"])[-last:]))
 
 
+@pytest.mark.slow
 def test_gru_learns_what_a_feedforward_policy_cannot(gru_run):
     _, runner, metrics = gru_run
     assert success(metrics) > 0.9, np.asarray(metrics["episode_return"])[:, 0]

@@ -122,7 +122,8 @@ SUBPROCESS = textwrap.dedent(r"""
 @pytest.fixture(scope="module")
 def multi_device_results():
     root = str(Path(__file__).resolve().parents[2])  # this checkout, not some other installed copy
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"  # after the session's
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, "-c", SUBPROCESS], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)

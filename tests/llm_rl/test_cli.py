@@ -42,6 +42,7 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     cfg = write_config(tmp_path)
     full, part = tmp_path / "full", tmp_path / "part"

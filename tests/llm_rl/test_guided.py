@@ -142,6 +142,7 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_guided_end_to_end_and_exact_resume(tmp_path, capsys):
     # The three runs compile the same programs once: tests/conftest.py gives the session one persistent
     # XLA compilation cache.

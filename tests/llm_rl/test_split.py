@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
@@ -38,8 +40,10 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_split_equals_colocated_on_four_devices():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+    flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"  # after the session's
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=900)
