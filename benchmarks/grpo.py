@@ -550,6 +550,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     from jaxrl_hier.bench import device_info
 
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         workdir = Path(tmp)
         ckpt = args.ckpt or workdir / "ckpt"
@@ -561,8 +562,9 @@ def run(args: argparse.Namespace) -> dict:
                 rec = run_system(system, beta, ckpt, args, workdir)
                 if rec is not None:
                     records.append(rec)
-    notes = ("Measured on a shared 2-core CPU machine with other jobs running beside it: absolute times are "
-             "noisy, compare systems within one run. " + args.notes).strip()
+    # Whether other jobs shared the CPU: the 1-minute load average when the run started and ended.
+    notes = (f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; on a loaded CPU "
+             "absolute times are noisy, compare systems within one run. " + args.notes).strip()
     env = worker_env(args.threads)
     return dict(device=device_info(), versions=versions(), model=model, settings=asdict(args.settings),
                 worker_env={k: env.get(k) for k in WORKER_ENV_KEYS},
