@@ -40,6 +40,7 @@ from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.llm_rl.model_setup import commit_to_mesh, jit_keeping_layout
 from jaxrl_hier.llm_rl.rewards import RewardSpec, make_reward_spec
 from jaxrl_hier.tasks.jax_rewards import decode_completions
 from jaxrl_hier.llm_rl.rollout import Rollout, completion_logprobs, policy_parts, sample_groups
@@ -97,8 +98,7 @@ class GRPO:
         self.optimizer = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adamw(schedule, weight_decay=0.0))
         self._rollout = jax.jit(partial(self._rollout_impl, self.gen_lm))
         self._score = jax.jit(self._score_impl)
-        self._update = jax.jit(self._update_impl, donate_argnums=(0,))
-        self._fused = jax.jit(self._fused_impl, donate_argnums=(0,))
+        self._update = self._fused = None  # compiled at first use, for the state's layout (jit_keeping_layout)
         self._make_batch = jax.jit(self._batch)
         self._metrics = jax.jit(self._reward_metrics)
 
@@ -106,8 +106,9 @@ class GRPO:
     def init(self, key: jax.Array) -> GRPOState:
         """The trainable tree (the base params themselves for full fine-tuning: no copy) and its optimiser state."""
         trainable = self.initial_lora if self.initial_lora is not None else self.base_params
-        return GRPOState(trainable=trainable, opt_state=self.optimizer.init(trainable), key=key,
-                         step=jnp.zeros((), jnp.int32))
+        state = GRPOState(trainable=trainable, opt_state=self.optimizer.init(trainable), key=key,
+                          step=jnp.zeros((), jnp.int32))
+        return commit_to_mesh(state, getattr(self.lm, "mesh", None))
 
     def params_and_lora(self, state: GRPOState) -> tuple[Any, Lora | None]:
         return policy_parts(state.trainable, self._base_arg)
@@ -302,6 +303,8 @@ class GRPO:
             problems = self.problems_for(step) if problems is None else problems
             ids, mask, answers = self.encode(problems)
             t0 = time.perf_counter()
+            if self._fused is None:
+                self._fused = jit_keeping_layout(self._fused_impl, state, 2)
             state, metrics, rollout = self._fused(state, self._base_arg, self.ref_params, ids, mask, answers)
             metrics = jax.device_get(metrics)
             metrics["time/step"] = time.perf_counter() - t0
@@ -322,6 +325,8 @@ class GRPO:
         batch = self._make_batch(rollout, total, row_valid)
         score_s += time.perf_counter() - t
         t = time.perf_counter()
+        if self._update is None:
+            self._update = jit_keeping_layout(self._update_impl, state, 1)
         state, metrics = self._update(state, self._base_arg, self.ref_params, batch)
         metrics = jax.device_get(metrics)
         update_s = time.perf_counter() - t

@@ -72,3 +72,33 @@ def build_lora(config: Any, lm: LanguageModel, mesh: Any = None) -> Lora | None:
 
 
 __all__ = ["tiny_qwen2_config", "build_mesh", "build_policy", "build_lora"]
+
+
+def commit_to_mesh(tree: Any, mesh: Any) -> Any:
+    """`tree` with every leaf that is not yet laid out on `mesh` (optimiser counters, step counters,
+    keys, fresh LoRA factors) replicated on it; leaves already on it keep their layout.
+
+    A compiled step returns its state committed to the mesh, so a first state that is not would
+    differ in sharding from the second step's inputs and the step would compile twice."""
+    if mesh is None:
+        return tree
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def place(x: Any) -> Any:
+        sharding = getattr(x, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh == mesh:
+            return x
+        return jax.device_put(x, replicated)
+
+    return jax.tree.map(place, tree)
+
+
+def jit_keeping_layout(fn: Any, state: Any, extra_outputs: int) -> Any:
+    """`fn(state, ...) -> (state, *extra_outputs)` jitted with `state` donated and the new state
+    returned in the layout `state` has. Left to XLA's sharding propagation the outputs come back
+    with other, equivalent specs (`P(None)` as `P()`, say), so the next call's inputs differ in
+    sharding and every step program compiled twice."""
+    layout = jax.tree.map(lambda x: x.sharding, state)
+    return jax.jit(fn, donate_argnums=(0,), out_shardings=(layout,) + (None,) * extra_outputs)

@@ -19,6 +19,7 @@ from flax import struct
 
 from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts
+from jaxrl_hier.llm_rl.model_setup import commit_to_mesh, jit_keeping_layout
 from jaxrl_hier.llm_rl.rollout import completion_logprobs, policy_parts
 
 
@@ -58,11 +59,12 @@ class SFT:
         schedule = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(1, min(warmup_steps, steps - 1)),
                                                       max(steps, 2), end_value=learning_rate * 0.1)
         self.optimizer = optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adamw(schedule, weight_decay=0.01))
-        self._step = jax.jit(self._step_impl, donate_argnums=(0,))
+        self._step = None  # compiled on the first step, for the state's layout (see `step`)
 
     def init(self) -> SFTState:
         trainable = self.lora if self.lora is not None else self.base_params
-        return SFTState(trainable, self.optimizer.init(trainable), jnp.zeros((), jnp.int32))
+        state = SFTState(trainable, self.optimizer.init(trainable), jnp.zeros((), jnp.int32))
+        return commit_to_mesh(state, getattr(self.lm, "mesh", None))
 
     def batch(self, step: int) -> tuple[SFTBatch, int]:
         """The step's examples (seeded by step, so a resumed run sees the same data); and how many were truncated."""
@@ -82,6 +84,8 @@ class SFT:
                                                                  "grad_norm": optax.global_norm(grads)}
 
     def step(self, state: SFTState, batch: SFTBatch) -> tuple[SFTState, dict]:
+        if self._step is None:
+            self._step = jit_keeping_layout(self._step_impl, state, 1)
         return self._step(state, self.base_params, batch)
 
     def params_and_lora(self, state: SFTState) -> tuple[Any, Lora | None]:
