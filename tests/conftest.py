@@ -17,7 +17,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # stay deterministic (every process of the session uses the same flags; subprocesses inherit them,
 # and tests that add flags append to these).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+if TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):  # xdist workers import this again
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -33,4 +34,3 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 def pytest_sessionfinish(session, exitstatus):
     if _CACHE_DIR is not None:
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
-

@@ -7,8 +7,9 @@
 `obs` is already the first observation of the next episode for envs that finished; `info` holds
 `final_obs` (the observation that ended the episode, for the truncation bootstrap),
 `returned_episode`, `episode_return`, `episode_length`, `achievements` (bool[N, A]) of the
-episodes that finished on this step, `env` (the env's own `info` of this step, per env), and `reset_slot` (which fresh world each env received, -1
-for none: used to check that no world is handed out twice).
+episodes that finished on this step, `env` (the env's own `info` of this step, per env), and
+`reset_slot` (which fresh world each env received, -1 for none: used to check that no world is
+handed out twice).
 
 Reset schemes (`reset_mode`):
 

@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.lora import LoraConfig, init_lora
@@ -49,6 +48,7 @@ from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.critic import CriticState, DoubleCritic, critic_step, init_critic_state
 from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+from jaxrl_hier.llm_rl.model_setup import commit_to_mesh
 from jaxrl_hier.llm_rl.replay import ReplayBuffer, Transitions, init_replay, insert, sample
 from jaxrl_hier.llm_rl.rollout import completion_logprobs
 from jaxrl_hier.tasks.jax_rewards import decode_completions
@@ -154,12 +154,9 @@ class GuidedAgent:
         critic = init_critic_state(self.critic, self.critic_opt, jax.random.key(c.seed + 7))
         replay = init_replay(c.replay_capacity, self.S, self.N)
         state = GuidedState(policy, self.policy_opt.init(policy), critic, replay, key, jnp.zeros((), jnp.int32))
-        mesh = getattr(self.roles[ACTOR].lm, "mesh", None)
-        if mesh is not None:
-            # committed and replicated on the backbone's mesh, as the compiled steps return it: otherwise the
-            # second iteration's inputs differ in sharding from the first's and every stage compiles twice
-            state = jax.device_put(state, NamedSharding(mesh, PartitionSpec()))
-        return state
+        # committed to the backbone's mesh, as the compiled steps return it: otherwise the second
+        # iteration's inputs differ in sharding from the first's and every stage compiles twice
+        return commit_to_mesh(state, getattr(self.roles[ACTOR].lm, "mesh", None))
 
     def bases(self) -> dict:
         return {name: self.roles[name].base for name in self.role_names}

@@ -71,9 +71,6 @@ def build_lora(config: Any, lm: LanguageModel, mesh: Any = None) -> Lora | None:
     return init_lora(lm.config, lc, jax.random.key(config.seed + 1), mesh=mesh)
 
 
-__all__ = ["tiny_qwen2_config", "build_mesh", "build_policy", "build_lora"]
-
-
 def commit_to_mesh(tree: Any, mesh: Any) -> Any:
     """`tree` with every leaf that is not yet laid out on `mesh` (optimiser counters, step counters,
     keys, fresh LoRA factors) replicated on it; leaves already on it keep their layout.
@@ -102,3 +99,6 @@ def jit_keeping_layout(fn: Any, state: Any, extra_outputs: int) -> Any:
     sharding and every step program compiled twice."""
     layout = jax.tree.map(lambda x: x.sharding, state)
     return jax.jit(fn, donate_argnums=(0,), out_shardings=(layout,) + (None,) * extra_outputs)
+
+
+__all__ = ["tiny_qwen2_config", "build_mesh", "build_policy", "build_lora", "commit_to_mesh", "jit_keeping_layout"]
