@@ -23,7 +23,8 @@ One iteration, top to bottom:
    sample a' ~ pi(.|s) with the role that speaks in s, regress Q_i(s, a) to r + gamma (1 - done)
    V_target_i(s') and V_i(s) to Q_target_i(s, a'), Polyak-update the target after every step.
 4. Policy (after `warmup_iterations` critic-only iterations). `actor_steps` steps in one compiled
-   scan over this iteration's utterances (on-policy): the advantage min(Q1, Q2)(s, a) -
+   scan over this iteration's utterances (on-policy), each accumulating gradients over micro-batches
+   of `actor_micro_batch_size` episodes' utterances: the advantage min(Q1, Q2)(s, a) -
    min(V1, V2)(s) from the updated critic, a token-level policy gradient on the utterance's log-probs
    (each utterance weighted equally, its tokens averaged), optional PPO clipping of the ratio to the
    sampler's policy, and beta x KL to the reference; the actor learns from its turns, the guidance
@@ -32,6 +33,7 @@ One iteration, top to bottom:
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, NamedTuple, Sequence
 
@@ -48,6 +50,7 @@ from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.critic import CriticState, DoubleCritic, critic_step, init_critic_state
 from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+from jaxrl_hier.llm_rl.microbatch import accumulate_gradients, split_rows
 from jaxrl_hier.llm_rl.model_setup import commit_to_mesh
 from jaxrl_hier.llm_rl.replay import ReplayBuffer, Transitions, init_replay, insert, sample
 from jaxrl_hier.llm_rl.rollout import completion_logprobs
@@ -285,14 +288,14 @@ class GuidedAgent:
         cstate, metrics = jax.lax.scan(one, state.critic, jax.random.split(sub, c.critic_steps))
         return state.replace(critic=cstate, key=key), jax.tree.map(jnp.mean, metrics)
 
-    def _actor_impl(self, state: GuidedState, bases: dict, batches: dict) -> tuple[GuidedState, dict]:
-        """`actor_steps` policy-gradient steps of the trained roles on this iteration's utterances."""
+    def _policy_inputs(self, state: GuidedState, bases: dict, batches: dict) -> tuple[dict, dict]:
+        """Per trained role: its utterances with the critic's advantage and the token weights of the
+        whole batch, cut into micro-batches of `actor_micro_batch_size` episodes' utterances."""
         c = self.config
         backbone = bases[ACTOR] if c.critic == "backbone" else None
-        eps = c.clip_eps if c.clip_eps > 0 else 1e9  # no clipping: the plain (importance-weighted) gradient
-        prep, metrics = {}, {}
+        num_micro = c.episodes_per_iteration // c.actor_micro_batch_size if c.actor_micro_batch_size else 1
+        micro, metrics = {}, {}
         for name, b in batches.items():
-            role = self.roles[name]
             adv, out = self.critic.advantage(state.critic.params, b.state, b.state_mask, b.action, b.action_mask,
                                              backbone)
             v = b.valid
@@ -307,36 +310,53 @@ class GuidedAgent:
             adv = jax.lax.stop_gradient(adv * v)
             loss_mask = b.action_mask.astype(jnp.float32) * v[:, None]
             weights = losses.token_weights(loss_mask, "grpo", self.N, v)
-            ref = None
-            if c.beta > 0:
-                ref = jax.lax.stop_gradient(completion_logprobs(
-                    role.lm, bases[name], None, b.state, b.state_mask, b.action, loss_mask > 0,
-                    temperature=c.temperature, suppress_tokens=self.suppress))
-            prep[name] = (adv, weights, ref, loss_mask)
+            micro[name] = split_rows((b, adv, weights, loss_mask), num_micro)
+        return micro, metrics
 
-        def loss_fn(policy):
-            total, stats = 0.0, {}
-            for name, b in batches.items():
-                role = self.roles[name]
-                adv, weights, ref, loss_mask = prep[name]
-                logp = completion_logprobs(role.lm, bases[name], policy[name], b.state, b.state_mask, b.action,
-                                           loss_mask > 0, temperature=c.temperature, suppress_tokens=self.suppress)
-                parts = losses.policy_loss(logp, b.logprobs, adv, weights, eps_low=eps, eps_high=eps, beta=c.beta,
-                                           ref_logp=ref, kl_estimator=c.kl_estimator)
-                total = total + parts.loss
-                stats.update({f"{name}/pg_loss": parts.pg_loss, f"{name}/kl": parts.kl,
-                              f"{name}/clip_frac": parts.clip_frac, f"{name}/ratio": parts.ratio_mean})
-            return total, stats
+    def _role_loss(self, name: str, bases: dict, adapter: Any, mb: tuple) -> tuple[jax.Array, dict]:
+        """One micro-batch of a role's utterances: the clipped policy loss (+ beta KL to the reference)."""
+        c = self.config
+        b, adv, weights, loss_mask = mb
+        role, scored = self.roles[name], loss_mask > 0
+        kw = dict(temperature=c.temperature, suppress_tokens=self.suppress)
+        ref = None
+        if c.beta > 0:  # the reference: the same backbone with the adapter off, no copy
+            ref = jax.lax.stop_gradient(completion_logprobs(role.lm, bases[name], None, b.state, b.state_mask,
+                                                            b.action, scored, **kw))
+        logp = completion_logprobs(role.lm, bases[name], adapter, b.state, b.state_mask, b.action, scored, **kw)
+        eps = c.clip_eps if c.clip_eps > 0 else 1e9  # no clipping: the plain (importance-weighted) gradient
+        parts = losses.policy_loss(logp, b.logprobs, adv, weights, eps_low=eps, eps_high=eps, beta=c.beta,
+                                   ref_logp=ref, kl_estimator=c.kl_estimator)
+        w = jax.lax.stop_gradient(weights).sum()  # a micro-batch's means count by its share of the weight
+        return parts.loss, {"loss": parts.loss, "pg_loss": parts.pg_loss, "kl": parts.kl * w,
+                            "clip_frac": parts.clip_frac * w, "ratio": parts.ratio_mean * w, "weight": w}
+
+    def _policy_grads(self, policy: dict, bases: dict, micro: dict) -> tuple[dict, jax.Array, dict]:
+        """The policy's gradient, accumulated over each role's micro-batches, its loss and statistics."""
+        grads = jax.tree.map(jnp.zeros_like, policy)  # roles that do not train get zero gradients
+        stats, total = {}, jnp.zeros((), jnp.float32)
+        for name, mbs in micro.items():
+            grads[name], s = accumulate_gradients(functools.partial(self._role_loss, name, bases), policy[name], mbs)
+            w = jnp.maximum(s["weight"], 1e-12)
+            total = total + s["loss"]
+            stats.update({f"{name}/pg_loss": s["pg_loss"], f"{name}/kl": s["kl"] / w,
+                          f"{name}/clip_frac": s["clip_frac"] / w, f"{name}/ratio": s["ratio"] / w})
+        return grads, total, stats
+
+    def _actor_impl(self, state: GuidedState, bases: dict, batches: dict) -> tuple[GuidedState, dict]:
+        """`actor_steps` policy-gradient steps of the trained roles on this iteration's utterances."""
+        micro, metrics = self._policy_inputs(state, bases, batches)
 
         def one(carry, _):
             policy, opt_state = carry
-            (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(policy)
+            grads, loss, stats = self._policy_grads(policy, bases, micro)
             updates, opt_state = self.policy_opt.update(grads, opt_state, policy)
             return (optax.apply_updates(policy, updates), opt_state), {"policy/loss": loss,
                                                                       "policy/grad_norm": optax.tree.norm(grads),
                                                                       **stats}
 
-        (policy, opt_state), stats = jax.lax.scan(one, (state.policy, state.policy_opt), None, length=c.actor_steps)
+        (policy, opt_state), stats = jax.lax.scan(one, (state.policy, state.policy_opt), None,
+                                                  length=self.config.actor_steps)
         metrics.update(jax.tree.map(lambda x: x[0], stats))  # the first step: ratio 1, on-policy
         return state.replace(policy=policy, policy_opt=opt_state), metrics
 
@@ -416,7 +436,7 @@ def make_env(config: GuidedConfig) -> Any:
     elif config.task == "gsm8k":
         kwargs = dict(path=config.task_path)
     return TwoTurnEnv(make_task(config.task, **kwargs), wrong_fraction=config.hint_wrong_fraction,
-                      max_offset=config.hint_max_offset)
+                      max_offset=config.hint_max_offset, hint_kind=config.hint_kind)
 
 
 def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guidance_lm: Any = None,

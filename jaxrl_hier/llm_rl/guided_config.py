@@ -25,6 +25,9 @@ class GuidedConfig:
     task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
     hint_wrong_fraction: float = 0.5  # two_turn warm-start: share of hint / turn-2 examples after a wrong answer
     hint_max_offset: int = 3          # ... whose wrong turn-1 answers are the answer +- 1..hint_max_offset
+    # the rule's warm-start hints: "verdict" (lower / higher / right / none) or "step" (right, else the
+    # first step of the worked solution: arithmetic, or GSM8K-format files with worked answers)
+    hint_kind: Literal["verdict", "step"] = "verdict"
     game_high: int = 16           # guess_number: secrets 1..game_high
     game_max_turns: int = 5
     max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
@@ -72,6 +75,7 @@ class GuidedConfig:
     episodes_per_iteration: int = 64
     critic_steps: int = 8           # per iteration
     actor_steps: int = 1            # per iteration
+    actor_micro_batch_size: int = 0  # episodes per micro-batch of a policy step (0 = all); gradients accumulate
     warmup_iterations: int = 2      # critic-only iterations first
     learning_rate: float = 5e-4     # actor and guidance adapters
     max_grad_norm: float = 1.0
@@ -102,11 +106,18 @@ class GuidedConfig:
                  "lora_rank", "sft_batch_size", "critic_hidden_size", "critic_layers", "critic_heads",
                  "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
                  "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
-        at_least(0, "actor_steps", "warmup_iterations", "sft_steps", "sft_warmup_steps", "sft_checkpoint_every",
+        at_least(0, "actor_steps", "actor_micro_batch_size", "warmup_iterations", "sft_steps", "sft_warmup_steps", "sft_checkpoint_every",
                  "eval_every", "sample_log_count", "checkpoint_every")
         if not 0.0 <= self.hint_wrong_fraction <= 1.0 or self.hint_max_offset < 1:
             raise ConfigError(f"hint_wrong_fraction must be in [0, 1] and hint_max_offset >= 1, got "
                               f"{self.hint_wrong_fraction} and {self.hint_max_offset}.")
+        if self.actor_micro_batch_size and self.episodes_per_iteration % self.actor_micro_batch_size:
+            raise ConfigError(f"actor_micro_batch_size={self.actor_micro_batch_size} must divide "
+                              f"episodes_per_iteration={self.episodes_per_iteration} (a policy step's micro-batches "
+                              "cut each role's utterances into equal parts).")
+        if self.hint_kind == "step" and self.env == "two_turn" and self.task not in ("arithmetic", "gsm8k"):
+            raise ConfigError(f"hint_kind: step needs a task with worked solutions (arithmetic or gsm8k), got "
+                              f"task: {self.task}; use hint_kind: verdict.")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"tau (the Polyak step of the target critic) must be in (0, 1], got {self.tau}.")
         if not 0.0 <= self.gamma <= 1.0:
