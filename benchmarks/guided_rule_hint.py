@@ -4,9 +4,10 @@
 
 Loads RUN_DIR/sft/model (the backbone after the warm-start; adapters at identity, so every role is
 the backbone), plays the held-out episodes of RUN_DIR/config.yaml greedily, and reports the
-environment's summary twice: with the guidance model's hints, and with the rule's hint (lower /
-higher / right / none, which knows the answer) in their place; plus how often the guidance gives the
-rule's hint when the turn-1 answer is wrong. The result file of the shipped config is
+environment's summary twice: with the guidance model's hints, and with the rule's hint of the config's
+`hint_kind` in their place (verdict: lower / higher / right / none; step: right, or the first step of
+the worked solution; either way it knows the answer); plus how often the guidance gives the rule's hint
+when the turn-1 answer is wrong. The result file of the shipped config is
 benchmarks/results/cpu/guided_arithmetic/rule_hint_diagnostic.txt.
 """
 
@@ -36,7 +37,6 @@ def main() -> None:
     from jaxrl_hier.llm_rl.guided_config import GuidedConfig
     from jaxrl_hier.tasks import build_char_tokenizer
     from jaxrl_hier.tasks.jax_rewards import decode_completions
-    from jaxrl_hier.tasks.text_games import rule_hint
 
     raw = read_yaml(os.path.join(args.run_dir, "config.yaml"))
     raw.pop("algorithm", None)
@@ -58,11 +58,11 @@ def main() -> None:
     eps = [env.step(e, t)[0] for e, t in zip(eps, speak(eps, "actor"))]
     hints = speak(eps, "guidance")
     lines = []
-    for name, given in (("rule hint", [rule_hint(env.task, e.problem, e.turn1) for e in eps]), ("model hint", hints)):
+    for name, given in (("rule hint", [env.rule_hint(e.problem, e.turn1) for e in eps]), ("model hint", hints)):
         after = [env.step(e, h)[0] for e, h in zip(eps, given)]
         after = [env.step(e, t)[0] for e, t in zip(after, speak(after, "actor"))]
         lines.append(f"{name} {({k: round(v, 3) for k, v in env.summarize(after).items()})}")
-    wrong = [h.strip() == rule_hint(env.task, e.problem, e.turn1) for e, h in zip(eps, hints)
+    wrong = [h.strip() == env.rule_hint(e.problem, e.turn1) for e, h in zip(eps, hints)
              if not env.task.is_correct(e.problem, e.turn1)]
     lines.append(f"guidance agrees with the rule on wrong turn-1 answers: {float(np.mean(wrong)) if wrong else None}")
     report = "\n".join(lines) + "\n"

@@ -22,20 +22,28 @@ from jaxrl_hier.tasks.base import Problem, check_split_args, sample_split
 from jaxrl_hier.tasks.safe_eval import safe_eval
 
 
+def reduce_once(operands: list[int], ops: list[str]) -> tuple[str, list[int], list[str]]:
+    """One operation worked out in standard precedence (the leftmost multiplication, else the
+    leftmost + or -): its solution line "a op b=c" and the operands and operators left."""
+    i = ops.index("*") if "*" in ops else 0
+    a, op, b = operands[i], ops[i], operands[i + 1]
+    c = a * b if op == "*" else a + b if op == "+" else a - b
+    return f"{a}{op}{b}={c}", operands[:i] + [c] + operands[i + 2:], ops[:i] + ops[i + 1:]
+
+
+def render_expression(operands: list[int], ops: list[str]) -> str:
+    return "".join(f"{a}{op}" for a, op in zip(operands, ops)) + str(operands[-1])
+
+
 def worked_steps(operands: list[int], ops: list[str]) -> tuple[list[str], int]:
     """The solution lines of `operands[0] ops[0] operands[1] ...`, one operation each, in
     standard precedence, and the value. Multiplications go first (leftmost first), then + and -
     from left to right."""
-    values, ops = list(operands), list(ops)
     lines = []
     while ops:
-        i = ops.index("*") if "*" in ops else 0
-        a, op, b = values[i], ops[i], values[i + 1]
-        c = a * b if op == "*" else a + b if op == "+" else a - b
-        lines.append(f"{a}{op}{b}={c}")
-        values[i:i + 2] = [c]
-        del ops[i]
-    return lines, values[0]
+        line, operands, ops = reduce_once(operands, ops)
+        lines.append(line)
+    return lines, operands[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +76,14 @@ class ArithmeticTask:
 
     def make_problem(self, operands: list[int], ops: list[str]) -> Problem:
         """The problem for a given expression (also used by tests and demos)."""
-        expression = "".join(f"{a}{op}" for a, op in zip(operands, ops)) + str(operands[-1])
+        expression = render_expression(operands, ops)
         lines, value = worked_steps(operands, ops)
         assert value == safe_eval(expression).value  # the worked solution follows precedence
         answer = str(value)
         target = "\n".join((lines if self.worked else []) + [f"#### {answer}"])
         return Problem(prompt=f"{expression}=", answer=answer, target=target,
-                       meta={"expression": expression})
+                       meta={"expression": expression,  # and the problem one operation closer to its answer:
+                             "reduced": render_expression(*reduce_once(operands, ops)[1:])})
 
     def _draw(self, rng: random.Random) -> Problem:
         operands = [rng.randrange(10**self.digits) for _ in range(self.steps + 1)]

@@ -9,8 +9,12 @@ per episode (static shapes). Every environment also yields supervised warm-start
 - `TwoTurnEnv` wraps any answer-line task (arithmetic by default, or GSM8K-format files): the
   actor answers (turn 1), the guidance model reads the problem and that answer and writes a hint
   (turn 2), the actor answers again with the hint (turn 3); the reward, given at the last turn, is
-  that answer's correctness. Its warm-start hints are rule-based: `lower` when the turn-1 answer is
-  too high, `higher` when it is too low, `right` when it is correct, `none` without an answer line.
+  that answer's correctness. Its warm-start hints are rule-based, of one of two kinds
+  (`hint_kind`): `verdict` says `lower` when the turn-1 answer is too high, `higher` when it is too
+  low, `right` when it is correct, `none` without an answer line; `step` says `right` when the
+  answer is correct and otherwise gives the problem one step closer to its answer (arithmetic:
+  the expression with its first operation worked out, `4-2` for `8-4-2=`; GSM8K-format files:
+  the first line of the worked answer).
 - `GuessNumberEnv`: guess a secret integer in [1, high]; the oracle answers `higher` or `lower`;
   reward -1 per turn that misses, 0 for the turn that hits, at most `max_turns` turns. Its
   warm-start guesses are uniform over the numbers still possible, so a policy that learns to halve
@@ -27,7 +31,8 @@ from jaxrl_hier.tasks.answers import extract_answer
 from jaxrl_hier.tasks.base import Problem, check_split_args, split_rng
 
 ACTOR, GUIDANCE = "actor", "guidance"
-HINTS = ("lower", "higher", "right", "none")
+HINTS = ("lower", "higher", "right", "none")  # the verdict kind's hints
+HINT_KINDS = ("verdict", "step")
 
 
 # ----------------------------------------------------------------------------- two-turn problem solving
@@ -44,9 +49,28 @@ class TwoTurnEpisode:
     reward: float = 0.0
 
 
-def rule_hint(task: Any, problem: Problem, completion: str) -> str:
-    """The rule-based hint for a turn-1 completion: lower / higher / right / none (see module doc)."""
+def first_step(problem: Problem) -> str | None:
+    """The problem one step closer to its answer: arithmetic's expression with its first operation
+    worked out (`meta["reduced"]`), else the first line of a multi-line SFT target (GSM8K's worked
+    answers); None when the task has no worked step."""
+    if problem.meta.get("reduced"):
+        return problem.meta["reduced"]
+    lines = problem.target.split("\n")
+    return lines[0] if len(lines) > 1 and extract_answer(lines[0]) is None else None
+
+
+def rule_hint(task: Any, problem: Problem, completion: str, kind: str = "verdict") -> str:
+    """The rule-based hint for a turn-1 completion (see module doc): verdict = lower / higher /
+    right / none; step = right, or the problem one step closer to its answer (`first_step`)."""
     answer = extract_answer(completion)
+    if kind == "step":
+        if answer is not None and task.is_correct(problem, completion):
+            return "right"
+        step = first_step(problem)
+        if step is None:
+            raise ConfigError(f"hint_kind: step needs a task with worked solutions; {task.name} gave none for "
+                              f"{problem.prompt!r}.")
+        return step
     if answer is None:
         return "none"
     if task.is_correct(problem, completion):
@@ -68,8 +92,17 @@ class TwoTurnEnv:
     answer_chars: int = 5
     wrong_fraction: float = 0.5  # share of warm-start hint / turn-2 examples with a wrong turn-1 answer
     max_offset: int = 3          # wrong warm-start answers are the answer +- 1..max_offset
+    hint_kind: str = "verdict"   # the rule's hints: "verdict" (lower/higher/right/none) or "step"
     name: str = "two_turn"
     max_turns: int = 3
+
+    def __post_init__(self):
+        if self.hint_kind not in HINT_KINDS:
+            raise ConfigError(f"hint_kind must be one of {list(HINT_KINDS)}, got {self.hint_kind!r}.")
+
+    def rule_hint(self, problem: Problem, completion: str) -> str:
+        """The rule's hint of this environment's kind for a turn-1 completion."""
+        return rule_hint(self.task, problem, completion, self.hint_kind)
 
     def speaker(self, turn: int) -> str:
         return GUIDANCE if turn == 1 else ACTOR
@@ -133,7 +166,7 @@ class TwoTurnEnv:
             if value is not None and rng.random() < self.wrong_fraction:
                 off = rng.randint(1, self.max_offset) * rng.choice((-1, 1))
                 turn1 = f"#### {value + off}"
-            hint = rule_hint(self.task, p, turn1)
+            hint = self.rule_hint(p, turn1)
             if kind == 1:
                 out.append(Problem(self.render(p.prompt, turn1), p.answer, hint, {**p.meta, "kind": "hint"}))
             else:
@@ -148,9 +181,13 @@ class TwoTurnEnv:
         return bool(self.task.is_correct(problem, completion))
 
     def sft_well_formed(self, problem: Problem, completion: str) -> bool:
-        """A hint from HINTS, or an answer in the task's format."""
+        """A hint of the env's kind (one from HINTS; or `right` or one line that is no answer line),
+        or an answer in the task's format."""
         if problem.meta.get("kind") == "hint":
-            return completion.strip() in HINTS
+            hint = completion.strip()
+            if self.hint_kind == "verdict":
+                return hint in HINTS
+            return bool(hint) and "\n" not in hint and extract_answer(hint) is None
         return bool(self.task.is_well_formed(problem, completion))
 
     def summarize(self, episodes: Sequence[TwoTurnEpisode]) -> dict[str, float]:
@@ -158,7 +195,7 @@ class TwoTurnEnv:
         n = max(len(episodes), 1)
         t1 = sum(self.task.is_correct(e.problem, e.turn1) for e in episodes) / n
         t2 = sum(self.task.is_correct(e.problem, e.turn2) for e in episodes) / n
-        hint_ok = sum(e.hint.strip() == rule_hint(self.task, e.problem, e.turn1) for e in episodes) / n
+        hint_ok = sum(e.hint.strip() == self.rule_hint(e.problem, e.turn1) for e in episodes) / n
         return {"turn1_accuracy": t1, "turn2_accuracy": t2, "accuracy_gain": t2 - t1,
                 "hint_length": sum(len(e.hint) for e in episodes) / n, "hint_rule_agreement": hint_ok,
                 "return": sum(e.reward for e in episodes) / n}
@@ -310,5 +347,5 @@ def optimal_guess_turns(high: int) -> float:
     return total / high
 
 
-__all__ = ["ACTOR", "GUIDANCE", "HINTS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
-           "rule_hint", "optimal_guess_turns"]
+__all__ = ["ACTOR", "GUIDANCE", "HINTS", "HINT_KINDS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
+           "first_step", "rule_hint", "optimal_guess_turns"]

@@ -41,6 +41,22 @@ def test_rule_hints(two_turn):
     assert rule_hint(two_turn.task, p, "seven") == "none"
 
 
+def test_step_hints_give_the_first_worked_step_unless_right():
+    env = TwoTurnEnv(ArithmeticTask(operators="+-*", digits=1, steps=2), hint_kind="step")
+    p = env.task.make_problem([5, 3, 2], ["+", "*"])  # 5+3*2 = 11: the multiplication goes first
+    assert env.rule_hint(p, "#### 16") == "5+6" and env.rule_hint(p, "eleven") == "5+6"
+    q = env.task.make_problem([2, 8, 2], ["-", "+"])
+    assert env.rule_hint(q, "#### 3") == "-6+2"
+    assert env.rule_hint(p, "#### 11") == "right"
+    hints = [q for q in env.sft_problems("train", 60, 3) if q.meta.get("kind") == "hint"]
+    assert {q.target for q in hints} - {"right"}  # some worked steps among the targets
+    for q in hints:
+        assert env.sft_well_formed(q, q.target) and env.sft_well_formed(q, "8-4=4")
+        assert not env.sft_well_formed(q, "#### 3") and not env.sft_well_formed(q, "")
+    with pytest.raises(ConfigError, match="hint_kind must be one of"):
+        TwoTurnEnv(env.task, hint_kind="digits")
+
+
 def test_two_turn_warm_start_examples(two_turn):
     probs = two_turn.sft_problems("train", 60, 3)
     kinds = [p.meta.get("kind", "turn1") for p in probs]
