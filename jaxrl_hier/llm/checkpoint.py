@@ -285,12 +285,28 @@ def _read_model_type(root: Path) -> str:
     return model_type
 
 
+#: tokenizer_config.json classes that mean "exactly the pipeline in tokenizer.json" (transformers 5 / 4 names)
+PLAIN_FAST_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _tokenizer_class(root: Path) -> str | None:
+    try:
+        return json.loads((root / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None  # AutoTokenizer then reports what is wrong with the files
+
+
 def _load_tokenizer(root: Path) -> Any:
     if not any((root / f).is_file() for f in TOKENIZER_FILES):
         return None
     import transformers
 
     try:
+        # A plain tokenizer.json (ours: tasks.build_char_tokenizer) is loaded as written. AutoTokenizer
+        # would pick the class of config.json's model_type instead (Qwen2Tokenizer for a qwen2 model)
+        # and rebuild the pipeline with that model's pre-tokenizer, which drops newlines.
+        if _tokenizer_class(root) in PLAIN_FAST_TOKENIZERS and (root / "tokenizer.json").is_file():
+            return transformers.PreTrainedTokenizerFast.from_pretrained(str(root), local_files_only=True)
         return transformers.AutoTokenizer.from_pretrained(str(root), local_files_only=True)
     except Exception as err:  # a broken tokenizer must not pass silently
         raise ConfigError(f"the tokenizer files in {root} could not be loaded: {err}") from None

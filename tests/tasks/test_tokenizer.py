@@ -53,6 +53,19 @@ def test_save_and_auto_tokenizer_load_identical(tok, tmp_path):
     assert loaded.padding_side == "left" and loaded.decode(loaded(TEXT)["input_ids"]) == TEXT
 
 
+def test_a_run_loads_the_saved_tokenizer_beside_its_model_as_written(tok, tmp_path):
+    # Beside a qwen2 config.json, AutoTokenizer would rebuild it as a Qwen2Tokenizer, whose
+    # pre-tokenizer drops newlines: the step delimiter of worked solutions and hint lines.
+    from jaxrl_hier.llm_rl.cli import policy_tokenizer
+
+    save_tokenizer(tok, tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
+    loaded = policy_tokenizer(str(tmp_path), "grpo")
+    text = "7-3=4\n#### 4\n"
+    assert loaded(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+
+
 def test_custom_chars_and_bad_arguments():
     small = build_char_tokenizer("01+#", specials=("[P]", "[B]", "[E]"))
     assert len(small) == 8 and small.decode(small("1+0#")["input_ids"]) == "1+0#"
