@@ -76,6 +76,7 @@ class RoleBatch(NamedTuple):
     action_mask: jax.Array
     logprobs: jax.Array  # under the sampler: the old policy of a clipped update
     valid: jax.Array     # 1 for utterances of live episodes
+    ret: jax.Array       # the episode's observed (discounted) return from this utterance on
 
 
 class Role(NamedTuple):
@@ -255,6 +256,7 @@ class GuidedAgent:
     def role_batches(self, turns: list[dict]) -> dict[str, RoleBatch]:
         """Per trained role, its utterances of every turn it speaks, as a static block (unplayed turns invalid)."""
         B = self.config.episodes_per_iteration
+        returns = returns_to_go(turns, self.config.gamma)
         out = {}
         for name in self.trained:
             slots = [t for t in range(self.env.max_turns) if self.turn_roles[t] == name]
@@ -263,12 +265,12 @@ class GuidedAgent:
                 if t < len(turns):
                     d = turns[t]
                     parts.append((d["state"], d["state_mask"], d["action"], d["action_mask"], d["logprobs"],
-                                  d["valid"]))
+                                  d["valid"], returns[t]))
                 else:
                     parts.append((np.full((B, self.S), self.pad_id, np.int32), np.zeros((B, self.S), np.int32),
                                   np.zeros((B, self.N), np.int32), np.zeros((B, self.N), np.int32),
-                                  np.zeros((B, self.N), np.float32), np.zeros(B, np.float32)))
-            out[name] = RoleBatch(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+                                  np.zeros((B, self.N), np.float32), np.zeros(B, np.float32), np.zeros(B, np.float32)))
+            out[name] = RoleBatch(*(np.concatenate([p[i] for p in parts]) for i in range(len(RoleBatch._fields))))
         return out
 
     # ------------------------------------------------------------------ compiled updates
@@ -298,6 +300,8 @@ class GuidedAgent:
         for name, b in batches.items():
             adv, out = self.critic.advantage(state.critic.params, b.state, b.state_mask, b.action, b.action_mask,
                                              backbone)
+            if c.advantage == "return":  # the observed return, with the critic's V(s) as its baseline
+                adv = b.ret - jnp.minimum(out.v1, out.v2)
             v = b.valid
             n = jnp.maximum(v.sum(), 1.0)
             mean = jnp.sum(adv * v) / n
@@ -410,6 +414,17 @@ class GuidedAgent:
         return state, history
 
 
+def returns_to_go(turns: list[dict], gamma: float) -> list[np.ndarray]:
+    """Per played turn, each episode's observed return from that turn on, G_t = r_t + gamma (1 - done_t)
+    G_t+1 (0 for rows of episodes that had already ended); `turns` as `GuidedAgent.rollout` returns them."""
+    g = np.zeros_like(turns[-1]["reward"])
+    out = []
+    for d in reversed(turns):
+        g = (d["reward"] + gamma * (1.0 - d["done"]) * g) * d["valid"]
+        out.append(g)
+    return out[::-1]
+
+
 def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> Any:
     """The critic's small RoBERTa over the policies' tokenizer, initialised at random."""
     from transformers import RobertaConfig
@@ -450,4 +465,5 @@ def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guida
 
 
 __all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "state_length",
+           "returns_to_go",
            "build_critic_encoder"]

@@ -84,6 +84,9 @@ class GuidedConfig:
     kl_estimator: Literal["k1", "k3"] = "k3"
     clip_eps: float = 0.0           # > 0: PPO clipping of the ratio to the sampler's policy
     normalize_advantages: bool = True
+    # "archer": min(Q1, Q2)(s, a) - min(V1, V2)(s) from the critic alone; "return": the episode's observed
+    # return from the utterance on minus min(V1, V2)(s) (REINFORCE with the critic's V as the baseline)
+    advantage: Literal["archer", "return"] = "archer"
     train_guidance: bool = True     # two_turn: also update the guidance adapter
 
     # ---- evaluation, logging, checkpoints

@@ -158,6 +158,22 @@ def test_actor_micro_batches_accumulate_the_whole_batch_gradient_in_less_memory(
     assert temp[1] < 0.7 * temp[0], temp
 
 
+def test_returns_to_go_by_hand():
+    from jaxrl_hier.llm_rl.guided import returns_to_go
+
+    # two episodes, three turns: the first ends at turn 2 (its turn-3 row is invalid), the second at turn 3
+    turns = [{"reward": np.array([-1.0, -1.0], np.float32), "done": np.array([0.0, 0.0], np.float32),
+              "valid": np.ones(2, np.float32)},
+             {"reward": np.array([0.0, -1.0], np.float32), "done": np.array([1.0, 0.0], np.float32),
+              "valid": np.ones(2, np.float32)},
+             {"reward": np.array([0.0, 2.0], np.float32), "done": np.array([1.0, 1.0], np.float32),
+              "valid": np.array([0.0, 1.0], np.float32)}]
+    g = returns_to_go(turns, gamma=0.5)
+    np.testing.assert_allclose(g[2], [0.0, 2.0])
+    np.testing.assert_allclose(g[1], [0.0, -1.0 + 0.5 * 2.0])
+    np.testing.assert_allclose(g[0], [-1.0 + 0.5 * 0.0, -1.0 + 0.5 * 0.0])
+
+
 def write_config(tmp_path, **overrides):
     path = tmp_path / "guided.yaml"
     path.write_text(yaml.safe_dump({**TINY, **overrides}))
