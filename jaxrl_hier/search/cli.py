@@ -76,7 +76,7 @@ def build_env(config: PGTSConfig, lm: Any, rm: Any, tokenizer: Any, *, max_nodes
                      max_nodes=max_nodes or config.max_nodes, max_depth=config.max_depth,
                      max_children=max_children or config.max_children, step_tokens=config.step_tokens,
                      token_budget=token_budget or config.token_budget, temperature=config.temperature,
-                     delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
+                     greedy_first_child=config.greedy_first_child, delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
                      final_ids=(tokenizer.convert_tokens_to_ids("#"),))
 
 

@@ -42,6 +42,7 @@ class PGTSConfig:
     step_tokens: int = 10
     token_budget: int = 60
     temperature: float = 1.0  # the generator's sampling temperature for steps (search, self-consistency, MCTS)
+    greedy_first_child: bool = False  # a node's first child is the greedy step, siblings are sampled (search, MCTS)
     cost_expand: float = 0.1
     cost_branch: float = 0.2
     cost_backtrack: float = 0.5

@@ -113,6 +113,9 @@ class SearchEnv(Environment):
     step_tokens: int = 10
     token_budget: int = 60
     temperature: float = 1.0
+    # a node's first child is the generator's greedy step, its siblings (Branch) are sampled: a search
+    # that only expands is then greedy chain-of-thought, and branching is the only way to leave it
+    greedy_first_child: bool = False
     delimiter_id: int = 0  # the step delimiter ("\n")
     eos_id: int = 2
     pad_id: int = 0
@@ -265,9 +268,17 @@ class SearchEnv(Environment):
         """Generate one step under `parent`, write it as node `num_nodes` (scored by the reward
         model) and make it current. Callers check that a node is free."""
         ids, mask = self.prefix(state, parent, params)
-        out = sample_tokens(self.lm, params.lm_params, ids[None], mask[None], key, max_new_tokens=self.step_tokens,
-                            temperature=self.temperature, eos_ids=(self.delimiter_id, self.eos_id),
-                            pad_token_id=self.pad_id, return_hidden=True)
+
+        def generate(greedy: bool) -> Any:
+            return sample_tokens(self.lm, params.lm_params, ids[None], mask[None], key,
+                                 max_new_tokens=self.step_tokens, temperature=self.temperature,
+                                 eos_ids=(self.delimiter_id, self.eos_id), pad_token_id=self.pad_id,
+                                 return_hidden=True, greedy=greedy)
+
+        if self.greedy_first_child:
+            out = jax.lax.cond(state.children[parent] == 0, lambda: generate(True), lambda: generate(False))
+        else:
+            out = generate(False)
         toks, m = out.tokens[0], out.mask[0]
         length = m.sum()
         last = jnp.maximum(length - 1, 0)

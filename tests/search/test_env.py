@@ -160,3 +160,27 @@ def test_bad_sizes_rejected(setup):
     with pytest.raises(ConfigError, match="prompt_length"):
         env.make_params(None, None, np.zeros((2, 5), np.int32), np.zeros((2, 5), np.int32), np.zeros((2, 1)),
                         answer_token_spec(tok))
+
+
+def test_greedy_first_child_is_the_greedy_step_and_branches_are_sampled(setup):
+    import dataclasses
+
+    from jaxrl_hier.llm.sampling import sample_tokens
+
+    tok, env, params, _ = setup
+    genv = dataclasses.replace(env, greedy_first_child=True, temperature=2.0)
+    step = jax.jit(genv.step)
+    _, s0 = genv.reset_to(0)
+    ids, mask = genv.prefix(s0, jnp.int32(0), params)
+    greedy = sample_tokens(env.lm, params.lm_params, ids[None], mask[None], jax.random.key(0),
+                           max_new_tokens=S, eos_ids=(env.delimiter_id, env.eos_id), pad_token_id=0, greedy=True)
+    firsts, siblings = set(), set()
+    for seed in range(6):  # any key: the first child under the root is the greedy step
+        _, s1, *_ = step(jax.random.key(seed), s0, 0, params)  # Expand
+        firsts.add(tuple(np.asarray(s1.tokens[1])[:int(s1.length[1])]))
+        _, s2, *_ = step(jax.random.key(100 + seed), s1, 1, params)  # Branch: a second child of the root, sampled
+        siblings.add(tuple(np.asarray(s2.tokens[2])[:int(s2.length[2])]))
+        assert int(s2.parent[2]) == 0 and int(s2.children[0]) == 2
+    g = np.asarray(greedy.tokens[0])[np.asarray(greedy.mask[0]) > 0]
+    assert firsts == {tuple(g)}
+    assert len(siblings) > 1  # sampled at temperature 2 from a random model: not one fixed step
