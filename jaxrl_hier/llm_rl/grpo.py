@@ -40,6 +40,7 @@ from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.llm_rl.microbatch import accumulate_gradients, split_rows
 from jaxrl_hier.llm_rl.model_setup import commit_to_mesh, jit_keeping_layout
 from jaxrl_hier.llm_rl.rewards import RewardSpec, make_reward_spec
 from jaxrl_hier.tasks.jax_rewards import decode_completions
@@ -199,28 +200,18 @@ class GRPO:
         weights = losses.token_weights(batch.loss_mask, c.loss_type, c.max_new_tokens, batch.row_valid)
         ref_logp = self._ref_logprobs(base, ref, batch)
         mb_size = c.micro_batch_size or c.batch_size
-        num_mb = c.batch_size // mb_size
+        mbs = split_rows((batch, weights, ref_logp), c.batch_size // mb_size)
 
-        def split(x):
-            return None if x is None else x.reshape((num_mb, mb_size) + x.shape[1:])
-
-        mbs = (jax.tree.map(split, batch), split(weights), split(ref_logp))
-        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        def micro_loss(trainable, xs):
+            mb, w, r = xs
+            loss, (parts, ent, wsum) = self._loss(trainable, base, mb, w, r)
+            # means of a micro-batch count by its share of the batch's token weight
+            return loss, (parts.loss, parts.pg_loss, parts.kl * wsum, parts.clip_frac * wsum, parts.ratio_mean * wsum,
+                          ent, wsum)
 
         def iteration(carry, _):
             trainable, opt_state = carry
-
-            def micro(acc, xs):
-                mb, w, r = xs
-                (_, (parts, ent, wsum)), g = grad_fn(trainable, base, mb, w, r)
-                grads, stats = acc
-                stats = jax.tree.map(jnp.add, stats, (parts.loss, parts.pg_loss, parts.kl * wsum,
-                                                      parts.clip_frac * wsum, parts.ratio_mean * wsum, ent, wsum))
-                return (jax.tree.map(jnp.add, grads, g), stats), None
-
-            zeros = jax.tree.map(jnp.zeros_like, trainable)
-            stats0 = tuple(jnp.zeros((), jnp.float32) for _ in range(7))
-            (grads, stats), _ = jax.lax.scan(micro, (zeros, stats0), mbs)
+            grads, stats = accumulate_gradients(micro_loss, trainable, mbs)
             updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
             trainable = optax.apply_updates(trainable, updates)
             return (trainable, opt_state), (stats, optax.global_norm(grads))
