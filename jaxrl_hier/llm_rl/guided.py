@@ -25,7 +25,8 @@ One iteration, top to bottom:
 4. Policy (after `warmup_iterations` critic-only iterations). `actor_steps` steps in one compiled
    scan over this iteration's utterances (on-policy), each accumulating gradients over micro-batches
    of `actor_micro_batch_size` episodes' utterances: the advantage min(Q1, Q2)(s, a) -
-   min(V1, V2)(s) from the updated critic, a token-level policy gradient on the utterance's log-probs
+   min(V1, V2)(s) from the updated critic (or, with `advantage: return`, the episode's observed
+   return from the utterance on minus min(V1, V2)(s)), a token-level policy gradient on the utterance's log-probs
    (each utterance weighted equally, its tokens averaged), optional PPO clipping of the ratio to the
    sampler's policy, and beta x KL to the reference; the actor learns from its turns, the guidance
    model from its hints, both against the same critic.
