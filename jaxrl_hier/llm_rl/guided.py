@@ -34,6 +34,7 @@ One iteration, top to bottom:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from typing import Any, NamedTuple, Sequence
@@ -301,9 +302,11 @@ class GuidedAgent:
         for name, b in batches.items():
             adv, out = self.critic.advantage(state.critic.params, b.state, b.state_mask, b.action, b.action_mask,
                                              backbone)
+            v = b.valid
             if c.advantage == "return":  # the observed return, with the critic's V(s) as its baseline
                 adv = b.ret - jnp.minimum(out.v1, out.v2)
-            v = b.valid
+            elif c.advantage == "group":  # the observed return against the other plays of the same problem
+                adv = b.ret - group_mean(b.ret, v, c.group_size)
             n = jnp.maximum(v.sum(), 1.0)
             mean = jnp.sum(adv * v) / n
             std = jnp.sqrt(jnp.sum(((adv - mean) ** 2) * v) / n)
@@ -367,8 +370,12 @@ class GuidedAgent:
 
     # ------------------------------------------------------------------ host orchestration
     def episodes_for(self, step: int) -> list:
-        seed = (self.config.seed * 1_000_003 + step * 97) % (2**31)
-        return self.env.reset("train", self.config.episodes_per_iteration, seed)
+        """The iteration's episodes: episodes_per_iteration / group_size problems, each played group_size
+        times (adjacent), drawn from the seed and the iteration."""
+        c = self.config
+        seed = (c.seed * 1_000_003 + step * 97) % (2**31)
+        first = self.env.reset("train", c.episodes_per_iteration // c.group_size, seed)
+        return [dataclasses.replace(ep) for ep in first for _ in range(c.group_size)]
 
     def iteration(self, state: GuidedState) -> tuple[GuidedState, dict, list]:
         """One iteration (module docstring); returns the new state, scalar metrics and the played episodes."""
@@ -413,6 +420,13 @@ class GuidedAgent:
             if on_iteration is not None:
                 on_iteration(state, metrics, episodes)
         return state, history
+
+
+def group_mean(x: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
+    """Each row's mean of `x` over the valid rows of its group (`group_size` adjacent rows)."""
+    g, w = x.reshape(-1, group_size), valid.reshape(-1, group_size)
+    mean = jnp.sum(g * w, axis=1, keepdims=True) / jnp.maximum(jnp.sum(w, axis=1, keepdims=True), 1.0)
+    return jnp.broadcast_to(mean, g.shape).reshape(x.shape)
 
 
 def returns_to_go(turns: list[dict], gamma: float) -> list[np.ndarray]:
@@ -466,5 +480,5 @@ def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guida
 
 
 __all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "state_length",
-           "returns_to_go",
+           "returns_to_go", "group_mean",
            "build_critic_encoder"]

@@ -85,8 +85,10 @@ class GuidedConfig:
     clip_eps: float = 0.0           # > 0: PPO clipping of the ratio to the sampler's policy
     normalize_advantages: bool = True
     # "archer": min(Q1, Q2)(s, a) - min(V1, V2)(s) from the critic alone; "return": the episode's observed
-    # return from the utterance on minus min(V1, V2)(s) (REINFORCE with the critic's V as the baseline)
-    advantage: Literal["archer", "return"] = "archer"
+    # return from the utterance on minus min(V1, V2)(s) (REINFORCE with the critic's V as the baseline);
+    # "group": that return minus the mean over the `group_size` episodes of the same problem (as GRPO)
+    advantage: Literal["archer", "return", "group"] = "archer"
+    group_size: int = 1             # episodes per problem in an iteration (adjacent); "group" needs >= 2
     train_guidance: bool = True     # two_turn: also update the guidance adapter
 
     # ---- evaluation, logging, checkpoints
@@ -104,7 +106,7 @@ class GuidedConfig:
                 if isinstance(v, bool) or not isinstance(v, int) or v < low:
                     raise ConfigError(f"'{n}' must be an integer >= {low}, got {v!r}.")
 
-        at_least(1, "iterations", "episodes_per_iteration", "critic_steps", "max_prompt_length", "max_new_tokens",
+        at_least(1, "iterations", "episodes_per_iteration", "group_size", "critic_steps", "max_prompt_length", "max_new_tokens",
                  "model_hidden_size", "model_layers", "model_heads", "model_kv_heads", "model_intermediate_size",
                  "lora_rank", "sft_batch_size", "critic_hidden_size", "critic_layers", "critic_heads",
                  "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
@@ -114,6 +116,11 @@ class GuidedConfig:
         if not 0.0 <= self.hint_wrong_fraction <= 1.0 or self.hint_max_offset < 1:
             raise ConfigError(f"hint_wrong_fraction must be in [0, 1] and hint_max_offset >= 1, got "
                               f"{self.hint_wrong_fraction} and {self.hint_max_offset}.")
+        if self.episodes_per_iteration % self.group_size:
+            raise ConfigError(f"group_size={self.group_size} must divide episodes_per_iteration="
+                              f"{self.episodes_per_iteration} (each problem is played group_size times).")
+        if self.advantage == "group" and self.group_size < 2:
+            raise ConfigError("advantage: group compares the episodes of one problem: set group_size >= 2.")
         if self.actor_micro_batch_size and self.episodes_per_iteration % self.actor_micro_batch_size:
             raise ConfigError(f"actor_micro_batch_size={self.actor_micro_batch_size} must divide "
                               f"episodes_per_iteration={self.episodes_per_iteration} (a policy step's micro-batches "

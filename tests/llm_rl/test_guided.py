@@ -174,6 +174,23 @@ def test_returns_to_go_by_hand():
     np.testing.assert_allclose(g[0], [-1.0 + 0.5 * 0.0, -1.0 + 0.5 * 0.0])
 
 
+def test_group_baseline_by_hand_and_grouped_episodes(tiny_agents):
+    import dataclasses
+
+    from jaxrl_hier.llm_rl.guided import group_mean, make_train
+
+    # rows of two groups of 3; an ended episode's row (valid 0) is left out of its group's mean
+    mean = group_mean(jnp.array([1.0, 0.0, 0.0, 1.0, 5.0, 1.0]), jnp.array([1.0, 1.0, 1.0, 1.0, 0.0, 1.0]), 3)
+    np.testing.assert_allclose(mean, [1 / 3] * 3 + [1.0] * 3, rtol=1e-6)
+    whole = tiny_agents[0]
+    grouped = make_train(dataclasses.replace(whole.config, advantage="group", group_size=4), whole.env,
+                         whole.roles["actor"].lm, whole.tokenizer)
+    eps = grouped.episodes_for(3)
+    prompts = [e.problem.prompt for e in eps]
+    assert len(eps) == 8 and prompts[:4] == [prompts[0]] * 4 and prompts[4:] == [prompts[4]] * 4
+    assert eps[0] is not eps[1]  # each play is its own episode
+
+
 def write_config(tmp_path, **overrides):
     path = tmp_path / "guided.yaml"
     path.write_text(yaml.safe_dump({**TINY, **overrides}))
@@ -190,6 +207,8 @@ def write_config(tmp_path, **overrides):
     ("guidance_model_path=/nonexistent", "not a local directory"),
     ("actor_micro_batch_size=3", "must divide episodes_per_iteration=8"),
     ("hint_kind=hints", "hint_kind"),
+    ("group_size=3", "group_size=3 must divide"),
+    ("advantage=group", "set group_size >= 2"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"
