@@ -4,14 +4,19 @@
 
 The model is the shape of `benchmarks/grpo.py`'s checkpoint (Qwen2-shaped, hidden 256, 4 layers,
 4 heads / 2 KV heads, intermediate 704, tied embeddings, 57-token vocabulary, float32, random
-weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens. Each program is
-compiled once, then timed `--repeats` times (median, compile time apart):
+weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens. Every program is
+compiled first (compile time and XLA's temporary memory recorded apart), then all are called in turn
+`--repeats` times (median and min): this CPU's speed drifts within a minute, so only programs timed
+side by side compare.
 
 - `forward`: the completion log-probs (`llm_rl.rollout.completion_logprobs`);
 - `hidden_forward` / `hidden_grad`: the decoder's hidden states alone, and the gradient of a sum
   over them (no vocabulary projection, no loss);
-- `update`: the GRPO loss's gradient and one AdamW step, as `llm_rl.grpo` runs it;
-- `update_unrolled`: the same with every `lax.scan` unrolled (the layer loop included).
+- `update`: the GRPO loss's gradient and one AdamW step with every layer's residuals kept (`remat: false`);
+- `update_remat`: the same with the layers recomputed in the backward pass (`remat: true`, GRPO's default);
+- `update_unrolled`: `update` with every `lax.scan` unrolled (the layer loop included);
+- `update_3d_dense`: `update` with the dense layers as [B, T, H] @ [H, O] products, as before they
+  were reshaped to one 2-D matmul (`llm.layers.dense`).
 
 Matmul FLOPs of one forward pass (2 x tokens x weights of the layers' dense maps) give the achieved
 GFLOP/s of the forward and of the backward (counted as twice the forward's work). Writes
@@ -33,25 +38,36 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def timed(fn, *args, repeats: int) -> dict:
+def compile_row(fn, *args) -> dict:
     import jax
 
     t0 = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(*args))
-    times = []
+    return {"compiled": compiled, "args": args, "compile_s": time.perf_counter() - t0,
+            "temp_mib": compiled.memory_analysis().temp_size_in_bytes / 2**20}
+
+
+def time_rows(rows: dict, repeats: int) -> dict:
+    """Median and min seconds of each compiled row, the rows called in turn `repeats` times: this
+    CPU's speed drifts by a third within a minute, so rows timed one after another are not comparable."""
+    import jax
+
+    for row in rows.values():
+        jax.block_until_ready(row["compiled"](*row["args"]))
+    times: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t)
-    return {"median_s": statistics.median(times), "min_s": min(times), "compile_s": compile_s}
+        for name, row in rows.items():
+            t = time.perf_counter()
+            jax.block_until_ready(row["compiled"](*row["args"]))
+            times[name].append(time.perf_counter() - t)
+    return {name: {"median_s": statistics.median(times[name]), "min_s": min(times[name]),
+                   "compile_s": row["compile_s"], "temp_mib": row["temp_mib"]} for name, row in rows.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
 
     import jax
@@ -61,7 +77,7 @@ def main() -> None:
 
     import jaxrl_hier  # noqa: F401  (XLA CPU flags)
     from jaxrl_hier.io import atomic_write_json
-    from jaxrl_hier.llm import LanguageModel, decoder
+    from jaxrl_hier.llm import LanguageModel, decoder, layers
     from jaxrl_hier.llm_rl import losses
     from jaxrl_hier.llm_rl.model_setup import tiny_qwen2_config
     from jaxrl_hier.llm_rl.rollout import completion_logprobs
@@ -83,31 +99,45 @@ def main() -> None:
     opt_state = optimizer.init(params)
     suppress = (0, 1, 2, 3)
 
-    def logprobs(p):
-        return completion_logprobs(lm, p, None, prompt, ones_p, tokens, ones_n > 0, suppress_tokens=suppress)
+    def logprobs(p, model=lm):
+        return completion_logprobs(model, p, None, prompt, ones_p, tokens, ones_n > 0, suppress_tokens=suppress)
 
-    def loss(p):
-        return losses.policy_loss(logprobs(p), jnp.zeros((B, N)), advantages, weights).loss
+    def make_update(model):
+        def loss(p):
+            return losses.policy_loss(logprobs(p, model), jnp.zeros((B, N)), advantages, weights).loss
 
-    def update(p, s):
-        grads = jax.grad(loss)(p)
-        updates, s = optimizer.update(grads, s, p)
-        return optax.apply_updates(p, updates), s
+        def update(p, s):
+            grads = jax.grad(loss)(p)
+            updates, s = optimizer.update(grads, s, p)
+            return optax.apply_updates(p, updates), s
+        return update
+
+    update = make_update(lm)
 
     def hidden(p):
         return decoder.hidden_states(cfg, p, ids, mask)[0]
 
-    rows = {"forward": timed(logprobs, params, repeats=args.repeats),
-            "hidden_forward": timed(hidden, params, repeats=args.repeats),
-            "hidden_grad": timed(jax.grad(lambda p: jnp.sum(hidden(p) ** 2)), params, repeats=args.repeats),
-            "update": timed(update, params, opt_state, repeats=args.repeats)}
-    scan = jax.lax.scan
-    jax.lax.scan = functools.partial(scan, unroll=True)
+    rows = {"forward": compile_row(logprobs, params),
+            "hidden_forward": compile_row(hidden, params),
+            "hidden_grad": compile_row(jax.grad(lambda p: jnp.sum(hidden(p) ** 2)), params),
+            "update": compile_row(update, params, opt_state),
+            "update_remat": compile_row(make_update(lm.with_remat(True)), params, opt_state)}
+    # the same update traced with a patched library: every lax.scan unrolled (the layer loop
+    # included), and the dense layers as [B, T, H] @ [H, O] products (before they were reshaped to 2-D)
+    scan, dense = jax.lax.scan, layers.dense
+
+    def dense_3d(x, p, lora=None, scale=1.0):
+        y = x @ p["kernel"] + p.get("bias", 0.0)
+        return y if lora is None else y + (scale * ((x @ lora["a"]) @ lora["b"])).astype(y.dtype)
+
     try:
-        # a new function object, so that jit traces it again with the patched scan
-        rows["update_unrolled"] = timed(lambda p, s: update(p, s), params, opt_state, repeats=args.repeats)
+        jax.lax.scan = functools.partial(scan, unroll=True)
+        rows["update_unrolled"] = compile_row(make_update(lm), params, opt_state)  # a new function: traced again
+        jax.lax.scan, layers.dense = scan, dense_3d
+        rows["update_3d_dense"] = compile_row(make_update(lm), params, opt_state)
     finally:
-        jax.lax.scan = scan
+        jax.lax.scan, layers.dense = scan, dense
+    rows = time_rows(rows, args.repeats)
 
     H, I, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_kv_heads * cfg.head_dim
     layer_weights = H * H * 2 + H * kv * 2 + H * I * 3  # q, o; k, v; gate, up, down
@@ -124,7 +154,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "grpo_update_profile.json", record)
     for name, row in rows.items():
-        print(f"{name:16s} median {row['median_s'] * 1000:7.1f} ms (compile {row['compile_s']:.1f} s)")
+        print(f"{name:16s} median {row['median_s'] * 1000:7.1f} ms, min {row['min_s'] * 1000:7.1f} ms, "
+              f"temp {row['temp_mib']:6.1f} MiB (compile {row['compile_s']:.1f} s)")
     print({k: round(v, 2) for k, v in summary.items()})
 
 

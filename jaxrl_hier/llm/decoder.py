@@ -239,6 +239,9 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         p, lp, window, layer = xs
         return _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, layer, cache_index, mesh), None
 
+    if config.remat and cache is None:
+        # training: keep only each layer's input; the backward pass recomputes the layer
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
     kv0 = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))

@@ -39,7 +39,9 @@ def rms_norm_heads(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 
 def dense(x: jax.Array, p: Params, lora: Params | None = None, scale: float = 1.0) -> jax.Array:
     """x @ kernel (+ bias), plus the LoRA update scale * (x @ a) @ b when an adapter is given."""
-    y = x @ p["kernel"]
+    # one 2-D matmul over all leading axes: XLA:CPU computes the kernel gradient of a [B, T, H] @
+    # [H, O] product about twice as slowly as that of the same product reshaped to [B * T, H]
+    y = (x.reshape(-1, x.shape[-1]) @ p["kernel"]).reshape(*x.shape[:-1], p["kernel"].shape[-1])
     if "bias" in p:
         y = y + p["bias"]
     if lora is not None:

@@ -67,6 +67,10 @@ class ModelConfig:
     scale_attn: bool = True
     pad_token_id: int | None = None
     type_vocab_size: int = 0
+    # execution, not architecture (never read from or written to config.json): in a forward
+    # without a KV cache, keep only each layer's input for the backward pass and recompute the
+    # layer there (jax.checkpoint), as the memory planner's `remat=True` assumes
+    remat: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "roberta"):

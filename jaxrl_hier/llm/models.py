@@ -7,6 +7,7 @@ through the same compiled functions.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -56,6 +57,15 @@ class LanguageModel(_Model):
             raise ConfigError(f"{config.model_type} is an encoder; use EncoderModel.")
         super().__init__(config, params, **kw)
         self._logits_fn = jax.jit(self._logits)
+
+    def with_remat(self, remat: bool) -> "LanguageModel":
+        """This model (the same parameter arrays, no copy) with the layers rematerialised in the
+        backward pass (`ModelConfig.remat`), or not."""
+        if self.config.remat == bool(remat):
+            return self
+        return LanguageModel(dataclasses.replace(self.config, remat=bool(remat)), self.params,
+                             hf_config=self.hf_config, tokenizer=self.tokenizer, mesh=self.mesh,
+                             weight_prefix=self.weight_prefix)
 
     @classmethod
     def random(cls, hf_config: Any, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None,

@@ -79,6 +79,8 @@ class GRPO:
     def __init__(self, config: GRPOConfig, lm: Any, tokenizer: Any, task: Any, *, base_params: Any = None,
                  lora: Lora | None = None, ref_params: Any = None, reward_fn: Any = None) -> None:
         self.config = c = config.resolved()
+        if hasattr(lm, "with_remat"):  # the same arrays; only how the update's backward pass runs
+            lm = lm.with_remat(c.remat)
         self.lm, self.tokenizer, self.task = lm, tokenizer, task
         self.base_params = lm.params if base_params is None else base_params
         self.initial_lora = lora

@@ -102,6 +102,35 @@ def test_chunked_scores_equal_full_logits_with_gradients_and_entropy(lm):
     assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(g_c)) > 0
 
 
+def test_remat_gives_the_same_gradients_with_less_compiled_memory(lm):
+    """`with_remat(True)` shares the arrays, recomputes each layer in the backward pass (the same
+    log-probs and gradients) and keeps only layer inputs: XLA's temporary memory for the gradient
+    program falls; generation with a KV cache is unaffected."""
+    ids = np.tile(np.concatenate([IDS, IDS[:, ::-1], IDS], 1), (4, 1))
+    mask = np.tile(np.concatenate([MASK, np.ones_like(MASK), np.ones_like(MASK)], 1), (4, 1))
+    remat = lm.with_remat(True)
+    assert remat.params is lm.params and remat.config.remat and not lm.config.remat
+    assert lm.with_remat(False) is lm
+
+    def grad_program(model):
+        def f(params):
+            lp = token_logprobs(model, params, ids, mask)
+            return jnp.sum(lp), lp
+        return jax.jit(jax.grad(f, has_aux=True)).lower(lm.params).compile()
+
+    plain_c, remat_c = grad_program(lm), grad_program(remat)
+    (g_p, lp_p), (g_r, lp_r) = plain_c(lm.params), remat_c(lm.params)
+    np.testing.assert_allclose(np.asarray(lp_r), np.asarray(lp_p), atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(g_p), jax.tree_util.tree_leaves(g_r)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+    temp = lambda c: c.memory_analysis().temp_size_in_bytes  # noqa: E731
+    assert temp(remat_c) < 0.7 * temp(plain_c), (temp(remat_c), temp(plain_c))
+    key = jax.random.key(5)
+    outs = [sampling.generate(m, lm.params, IDS, MASK, key=key, max_new_tokens=N, buckets=[IDS.shape[1]])
+            for m in (lm, remat)]
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+
+
 def test_sample_tokens_inside_jit_vmap_and_scan_equals_direct_call(lm, sample_fn):
     keys = jax.random.split(jax.random.key(7), 2)
     temps, top_ps = jnp.array([0.7, 1.3]), jnp.array([0.9, 1.0])
