@@ -76,9 +76,10 @@ def commit_to_mesh(tree: Any, mesh: Any) -> Any:
     keys, fresh LoRA factors) replicated on it; leaves already on it keep their layout.
 
     A compiled step returns its state committed to the mesh, so a first state that is not would
-    differ in sharding from the second step's inputs and the step would compile twice."""
+    differ in sharding from the second step's inputs and the step would compile twice. Without a
+    mesh the same holds for the one device: every leaf is committed to it."""
     if mesh is None:
-        return tree
+        return jax.device_put(tree, jax.local_devices()[0])
     from jax.sharding import NamedSharding, PartitionSpec
 
     replicated = NamedSharding(mesh, PartitionSpec())

@@ -63,6 +63,9 @@ def test_colocated_step_ratio_one_zero_copies(warm):
     assert metrics["clip_frac"] == 0.0
     # the next rollout read exactly the buffers the optimiser wrote: no copy, no transfer between roles
     assert sampled[1] == written
+    # without a mesh, init commits the state to the device as the update returns it: each stage
+    # compiled once, not again at the second step
+    assert rollout._cache_size() == 1 and trainer._update._cache_size() == 1
     after = jax.device_get(state.trainable)
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before_val)))
     for key in ("reward", "reward/correct", "reward/format", "accuracy", "completion_length", "entropy", "kl",
