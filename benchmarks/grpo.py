@@ -23,6 +23,10 @@ rewards, reference and policy log-probs, the update, its bookkeeping), the first
 the worker's RSS high-water mark (`resource.getrusage(RUSAGE_SELF).ru_maxrss`): framework, model, optimiser
 and compiled programs together. Completion tokens/s = 8 * 4 * 32 / median step. Each worker checks that
 every completion the reward saw had exactly 32 characters (one token each) and that each step scored 32.
+`--rounds` (3) runs every (system, beta) worker that many times, one system after another in each round
+and the order rotated between rounds, because this CPU's speed drifts by up to a third over minutes: a
+record pools the step times of all its rounds, keeps each round's median, and `speedups` gives ours
+against each peer as the ratio of pooled medians with the lowest and highest ratio of one round's.
 
 Writes OUT/grpo.json (device, versions, settings, notes, a record per system and beta), OUT/grpo.md (the
 table) and OUT/grpo.png (median step time per system and beta, min-max as error bars). Peers need
@@ -405,6 +409,41 @@ def summarize(system: str, beta: float, rec: dict, settings: Settings) -> dict:
                 completion_tokens_per_s=settings.tokens_per_step / median, **rec)
 
 
+def merge_rounds(system: str, beta: float, rounds: list[dict], settings: Settings) -> dict:
+    """One record from a system's runs in every round: the step times of all rounds pooled (median, min,
+    max), each round's own median beside them, start-up and first step of the first round, the largest
+    peak memory."""
+    pooled = {"step_s": [t for r in rounds for t in r["step_s"]],
+              "step_cpu_s": [t for r in rounds for t in r["step_cpu_s"]]}
+    derived = ("system", "beta", "median_step_s", "min_step_s", "max_step_s", "median_step_cpu_s",
+               "completion_tokens_per_s")
+    raw = {k: v for k, v in rounds[0].items() if k not in derived}
+    rec = summarize(system, beta, {**raw, **pooled}, settings)
+    rec.update(round_median_step_s=[r["median_step_s"] for r in rounds],
+               startup_s=statistics.median(r["startup_s"] for r in rounds),
+               peak_rss_mib=max(r["peak_rss_mib"] for r in rounds),
+               load_average_1min=[r["load_average_1min"] for r in rounds])
+    if "median_stage_s" in rounds[0]:
+        rec["median_stage_s"] = {k: statistics.median(r["median_stage_s"][k] for r in rounds)
+                                 for k in rounds[0]["median_stage_s"]}
+    return rec
+
+
+def speedups(records: list[dict], over: str = "ours") -> list[dict]:
+    """How many times faster `over` is than each other system at each beta: the ratio of pooled medians,
+    and the lowest and highest ratio of the rounds' medians (the rounds ran side by side)."""
+    by = {(r["system"], r["beta"]): r for r in records}
+    out = []
+    for (system, beta), r in by.items():
+        mine = by.get((over, beta))
+        if system == over or mine is None:
+            continue
+        per_round = [a / b for a, b in zip(r["round_median_step_s"], mine["round_median_step_s"])]
+        out.append(dict(system=system, beta=beta, speedup=r["median_step_s"] / mine["median_step_s"],
+                        round_min=min(per_round), round_max=max(per_round)))
+    return out
+
+
 def versions() -> dict:
     out = {}
     for name in ("jax", "jaxlib", "flax", "optax", "transformers", "torch", "trl", "google-tunix", "qwix",
@@ -432,12 +471,13 @@ def worker_env(threads: int, system: str = "") -> dict:
 WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX_PLATFORMS", "XLA_FLAGS")
 
 
-def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path) -> dict | None:
-    result_path = workdir / f"{system}-{beta}.json"
+def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path,
+               round_: int = 0) -> dict | None:
+    result_path = workdir / f"{system}-{beta}-{round_}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--beta", str(beta),
            "--ckpt", str(ckpt_dir), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads), "--result", str(result_path)]
-    print(f"[{system} beta={beta}] running ...", flush=True)
+    print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running ...", flush=True)
     proc = subprocess.run(cmd, env=worker_env(args.threads, system), cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
@@ -447,7 +487,7 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
         print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
         return None
     rec = summarize(system, beta, rec, args.settings)
-    print(f"[{system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
+    print(f"[round {round_ + 1}: {system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
           f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
           f"{rec['peak_rss_mib']:.0f} MiB, start-up {rec['startup_s']:.1f}s, first step "
           f"{rec['warmup_step_s'][0] if rec['warmup_step_s'] else float('nan'):.1f}s", flush=True)
@@ -463,9 +503,15 @@ def markdown(result: dict) -> str:
         lines.append(f"| {r['system']} | {r['beta']:g} | {r['median_step_s']:.3f} | {r['min_step_s']:.3f} | "
                      f"{r['max_step_s']:.3f} | {r['median_step_cpu_s']:.3f} | {r['completion_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
                      f"{r['startup_s']:.1f} | {first} |")
+    if result.get("speedups"):
+        lines += ["", "| ours vs | beta | times faster (pooled medians) | lowest round | highest round |",
+                  "|---|---:|---:|---:|---:|"]
+        lines += [f"| {x['system']} | {x['beta']:g} | {x['speedup']:.2f} | {x['round_min']:.2f} | {x['round_max']:.2f} |"
+                  for x in result["speedups"]]
     d = result["device"]
     lines += ["", f"{len(s['prompts'])} prompts x {s['num_generations']} generations x {s['new_tokens']} tokens per "
-              f"step, float32, {result['steps']} timed steps after {result['warmup']} warm-up; {d['device']}, "
+              f"step, float32, {result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
+              f"{result['warmup']} warm-up per system (the systems run in turn each round); {d['device']}, "
               f"{d['cpu_count']} CPU cores, {s['threads']} threads per system. {result['notes']}"]
     return "\n".join(lines) + "\n"
 
@@ -507,6 +553,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"any of {', '.join(SYSTEMS)}")
     p.add_argument("--steps", type=int, default=10, help="timed steps per system and beta")
     p.add_argument("--warmup", type=int, default=2, help="steps run before timing (compilation included)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="runs of every system, side by side in turn (step times pooled over the rounds)")
     p.add_argument("--betas", type=float, nargs="+", default=[0.04, 0.0])
     p.add_argument("--threads", type=int, default=None, help="CPU threads per system (default: all cores)")
     p.add_argument("--quick", action="store_true", help="3 timed steps after 1 warm-up (a smoke run)")
@@ -518,7 +566,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup = 3, 1
+        args.steps, args.warmup, args.rounds = 3, 1, 1
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         raise ConfigError(f"unknown system(s) {unknown}: --systems takes any of {', '.join(SYSTEMS)}.")
@@ -527,6 +575,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < 1 or args.warmup < 1:
         raise ConfigError(f"--steps ({args.steps}) and --warmup ({args.warmup}) must be at least 1: the first "
                           "step compiles and is never timed.")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be at least 1, got {args.rounds}.")
     if any(b < 0 for b in args.betas) or len(set(args.betas)) != len(args.betas):
         raise ConfigError(f"--betas must be distinct and non-negative, got {args.betas}.")
     missing = [s for s, module in (("trl", "trl"), ("tunix", "tunix")) if s in args.systems and
@@ -556,19 +606,26 @@ def run(args: argparse.Namespace) -> dict:
         ckpt = args.ckpt or workdir / "ckpt"
         ckpt.mkdir(parents=True, exist_ok=True)
         model = make_checkpoint(ckpt)  # deterministic: the same seed writes the same weights
-        records = []
-        for system in args.systems:
-            for beta in args.betas:
-                rec = run_system(system, beta, ckpt, args, workdir)
-                if rec is not None:
-                    records.append(rec)
+        # Every round runs each (system, beta) once, the systems in an order rotated by one each round:
+        # this CPU's speed drifts over minutes, and a system always run last would pay for it alone.
+        runs: dict[tuple[str, float], list[dict]] = {}
+        for round_ in range(args.rounds):
+            order = args.systems[round_ % len(args.systems):] + args.systems[:round_ % len(args.systems)]
+            for system in order:
+                for beta in args.betas:
+                    rec = run_system(system, beta, ckpt, args, workdir, round_)
+                    if rec is not None:
+                        runs.setdefault((system, beta), []).append(rec)
+        records = [merge_rounds(system, beta, runs[system, beta], args.settings)
+                   for system in args.systems for beta in args.betas if (system, beta) in runs]
     # Whether other jobs shared the CPU: the 1-minute load average when the run started and ended.
     notes = (f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; on a loaded CPU "
              "absolute times are noisy, compare systems within one run. " + args.notes).strip()
     env = worker_env(args.threads)
     return dict(device=device_info(), versions=versions(), model=model, settings=asdict(args.settings),
                 worker_env={k: env.get(k) for k in WORKER_ENV_KEYS},
-                steps=args.steps, warmup=args.warmup, betas=args.betas, systems=args.systems,
+                steps=args.steps, warmup=args.warmup, rounds=args.rounds, betas=args.betas, systems=args.systems,
+                speedups=speedups(records),
                 peak_memory="worker RSS high-water mark (getrusage ru_maxrss): framework, model, optimiser, "
                             "compiled programs", notes=notes, records=records)
 
