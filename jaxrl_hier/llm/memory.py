@@ -24,7 +24,7 @@ Where each figure comes from:
   the adapters for LoRA), plus `head_params` in float32.
 * activations: an estimate of what XLA keeps for the backward pass of one (micro-)batch, with the
   decoder and encoder as written in `jaxrl_hier.llm` (a `lax.scan` over layers that saves every
-  layer's residuals; no rematerialisation):
+  layer's residuals, or with `remat=True` only the layer inputs, as `ModelConfig.remat` runs it):
   - per layer and token: the layer input, the two norm outputs and the residual after attention (4 H
     values in the activation dtype) plus the two norms' float32 upcasts (2 H float32); q, k, v and
     the attention output (2 Q + 2 KV, Q = heads * head_dim, KV = kv_heads * head_dim), the rotated q
