@@ -182,7 +182,7 @@ def _last_logits(lm: Any, params: Any, ids: jax.Array, mask: jax.Array, lora: An
 def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, key: jax.Array, *,
                   max_new_tokens: int, temperature: jax.Array | float = 1.0, top_k: int | None = None,
                   top_p: jax.Array | float | None = None, eos_ids: int | Sequence[int] = (), pad_token_id: int = 0,
-                  lora: Any = None, greedy: bool = False, return_hidden: bool = False,
+                  lora: Any = None, greedy: bool | jax.Array = False, return_hidden: bool = False,
                   suppress_tokens: Sequence[int] = ()) -> GenerateOutput:
     """The pure sampling program that `generate` wraps: traceable inside jit, vmap and scan.
 
@@ -190,7 +190,10 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     `generate` for that). `temperature` and `top_p` may be traced arrays (top_p None = no nucleus);
     `max_new_tokens`, `top_k`, `eos_ids`, `pad_token_id`, `greedy` and `return_hidden` are static.
     `greedy=True` (or a concrete temperature 0) takes the argmax and reports the model's own
-    log-probs. `suppress_tokens` are never sampled (their logits are -inf before everything else;
+    log-probs. `greedy` may instead be a traced bool, scalar or [B]: the rows where it is true are
+    greedy and the others sampled, in one pass of the model (a search that grows greedy and sampled
+    steps side by side under vmap runs the model once, not once per kind).
+    `suppress_tokens` are never sampled (their logits are -inf before everything else;
     token_logprobs takes the same argument). With `return_hidden=True`, `hidden` [B, N, H] is the
     final-norm hidden state at each generated token's position (the token fed through the model;
     one more forward than without; needs a model with `hidden_and_cache`/`head`, as LanguageModel).
@@ -200,13 +203,18 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     if return_hidden and not _split(lm):
         raise ConfigError("return_hidden=True needs a model with hidden_and_cache() and head() "
                           "(jaxrl_hier.llm.LanguageModel).")
-    greedy = bool(greedy) or _is_zero(temperature)
-    plain, temperature, top_k, top_p = _settings(1.0 if greedy else temperature, top_k, top_p)
-    eos = _eos_tuple(eos_ids)
-    suppress = _suppress_tuple(suppress_tokens)
     input_ids = jnp.asarray(input_ids, jnp.int32)
     attention_mask = jnp.asarray(attention_mask, jnp.int32)
     batch, prompt_len = input_ids.shape
+    row_greedy = None  # [B] bool: per-row greedy, traced
+    if isinstance(greedy, (bool, np.bool_)):
+        greedy = bool(greedy) or _is_zero(temperature)
+    else:
+        row_greedy = jnp.broadcast_to(jnp.asarray(greedy, bool), (batch,))
+        greedy = _is_zero(temperature)
+    plain, temperature, top_k, top_p = _settings(1.0 if greedy else temperature, top_k, top_p)
+    eos = _eos_tuple(eos_ids)
+    suppress = _suppress_tuple(suppress_tokens)
     n = int(max_new_tokens)
     cache = lm.init_cache(batch, prompt_len + n)
     cache_mask = jnp.concatenate([attention_mask, jnp.zeros((batch, n), jnp.int32)], axis=1)
@@ -222,6 +230,10 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
         else:
             logp_dist = _log_dist(last, plain, temperature, top_k, top_p, suppress)
             token = jax.random.categorical(sub, logp_dist, axis=-1).astype(jnp.int32)
+            if row_greedy is not None:  # those rows: the argmax, scored by the model's own distribution
+                own = _log_dist(last, True, 1.0, None, None, suppress)
+                token = jnp.where(row_greedy, jnp.argmax(own, axis=-1).astype(jnp.int32), token)
+                logp_dist = jnp.where(row_greedy[:, None], own, logp_dist)
         logp = jnp.take_along_axis(logp_dist, token[:, None], axis=-1)[:, 0]
         live = ~done
         token = jnp.where(live, token, pad_token_id)

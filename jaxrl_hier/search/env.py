@@ -269,16 +269,13 @@ class SearchEnv(Environment):
         model) and make it current. Callers check that a node is free."""
         ids, mask = self.prefix(state, parent, params)
 
-        def generate(greedy: bool) -> Any:
-            return sample_tokens(self.lm, params.lm_params, ids[None], mask[None], key,
-                                 max_new_tokens=self.step_tokens, temperature=self.temperature,
-                                 eos_ids=(self.delimiter_id, self.eos_id), pad_token_id=self.pad_id,
-                                 return_hidden=True, greedy=greedy)
-
-        if self.greedy_first_child:
-            out = jax.lax.cond(state.children[parent] == 0, lambda: generate(True), lambda: generate(False))
-        else:
-            out = generate(False)
+        # with greedy_first_child the sampler takes the greedy flag as a traced value: one model pass
+        # either way (a lax.cond between a greedy and a sampled call runs both under vmap)
+        greedy = state.children[parent] == 0 if self.greedy_first_child else False
+        out = sample_tokens(self.lm, params.lm_params, ids[None], mask[None], key,
+                            max_new_tokens=self.step_tokens, temperature=self.temperature,
+                            eos_ids=(self.delimiter_id, self.eos_id), pad_token_id=self.pad_id,
+                            return_hidden=True, greedy=greedy)
         toks, m = out.tokens[0], out.mask[0]
         length = m.sum()
         last = jnp.maximum(length - 1, 0)

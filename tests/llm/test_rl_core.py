@@ -131,6 +131,27 @@ def test_remat_gives_the_same_gradients_with_less_compiled_memory(lm):
     np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
 
 
+def test_per_row_greedy_flag_equals_the_greedy_and_the_sampled_call(lm):
+    """A traced greedy flag per row: greedy rows equal greedy=True's, the others the sampled call's
+    with the same key (tokens, log-probs, hidden states), in one program."""
+    key = jax.random.key(7)
+
+    def run(greedy):
+        return sample_tokens(lm, lm.params, IDS, MASK, key, max_new_tokens=N, temperature=1.3, top_p=0.9,
+                             return_hidden=True, greedy=greedy)
+
+    greedy_out, sampled_out = run(True), run(False)
+    mixed = jax.jit(run)(jnp.array([True, False]))
+    for field in ("tokens", "logprobs", "mask", "hidden"):
+        np.testing.assert_allclose(np.asarray(getattr(mixed, field))[0], np.asarray(getattr(greedy_out, field))[0],
+                                   atol=1e-5)
+        np.testing.assert_allclose(np.asarray(getattr(mixed, field))[1], np.asarray(getattr(sampled_out, field))[1],
+                                   atol=1e-5)
+    assert not np.array_equal(np.asarray(greedy_out.tokens)[1], np.asarray(sampled_out.tokens)[1])
+    # a traced scalar applies to every row (what the search env passes under vmap)
+    np.testing.assert_array_equal(np.asarray(jax.jit(run)(jnp.bool_(True)).tokens), np.asarray(greedy_out.tokens))
+
+
 def test_sample_tokens_inside_jit_vmap_and_scan_equals_direct_call(lm, sample_fn):
     keys = jax.random.split(jax.random.key(7), 2)
     temps, top_ps = jnp.array([0.7, 1.3]), jnp.array([0.9, 1.0])
