@@ -34,7 +34,8 @@ from jaxrl_hier.llm.model_config import ModelConfig
 
 Params = dict[str, Any]
 
-__all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "init_cache", "init_params", "default_positions"]
+__all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "shared_prefix_hidden_states", "init_cache",
+           "init_params", "default_positions"]
 
 
 class KVCache(NamedTuple):
@@ -164,14 +165,9 @@ def _embed(config: ModelConfig, params: Params, input_ids: jax.Array, positions:
     return x
 
 
-def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float, window: jax.Array,
-           rope: tuple[jax.Array, jax.Array] | None, allowed: jax.Array, offsets: jax.Array,
-           kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array, cache_index: Any, mesh: Mesh | None
-           ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
-
-    `kv` is the whole stacked cache [L, B, S, kv_heads, D] (k, v): this layer writes its new keys
-    and values at (layer, :, cache_index) in place and reads its own slice back."""
+def _qkv(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float,
+         rope: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """A block's attention inputs: q [B, T, heads, D] and k, v [B, T, kv_heads, D] of norm(x), rotated."""
     c = config
     b, t, _ = x.shape
     h = L.norm(x, p["attn_norm"], c)
@@ -183,16 +179,20 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
         k = L.rms_norm_heads(k, p["k_norm"]["scale"], c.norm_eps)
     if rope is not None:
         q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
-    if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
-        zero = jnp.zeros((), jnp.int32)
-        start = (layer, zero, cache_index, zero, zero)
-        kv = tuple(jax.lax.dynamic_update_slice(full, new[None].astype(full.dtype), start)
-                   for full, new in zip(kv, (k, v)))
-        k, v = (jax.lax.dynamic_index_in_dim(full, layer, 0, keepdims=False).astype(q.dtype) for full in kv)
+    return q, k, v
+
+
+def _attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, window: jax.Array, allowed: jax.Array,
+            offsets: jax.Array) -> jax.Array:
     # sliding window (0 = none): a query at slot i sees slot j only when i - j < window
     allowed = allowed & ((window == 0) | (offsets < window))[None]
-    scale_qk = c.head_dim**-0.5 if c.scale_attn else 1.0
-    attn = L.attention(q, k, v, allowed, scale_qk)
+    return L.attention(q, k, v, allowed, config.head_dim**-0.5 if config.scale_attn else 1.0)
+
+
+def _finish(config: ModelConfig, x: jax.Array, attn: jax.Array, p: Params, lora: Params, scale: float,
+            mesh: Mesh | None) -> jax.Array:
+    """The rest of a block: x + o_proj(attn), then + mlp(norm(x))."""
+    c = config
     x = sharding.constrain_batch(x + L.dense(attn, p["o_proj"], lora.get("o_proj"), scale), mesh)
     h = L.norm(x, p["mlp_norm"], c)
     up = L.dense(h, p["up_proj"], lora.get("up_proj"), scale)
@@ -200,8 +200,26 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
         up = L.activation(L.dense(h, p["gate_proj"], lora.get("gate_proj"), scale), c.activation) * up
     else:
         up = L.activation(up, c.activation)
-    x = sharding.constrain_batch(x + L.dense(up, p["down_proj"], lora.get("down_proj"), scale), mesh)
-    return x, kv
+    return sharding.constrain_batch(x + L.dense(up, p["down_proj"], lora.get("down_proj"), scale), mesh)
+
+
+def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float, window: jax.Array,
+           rope: tuple[jax.Array, jax.Array] | None, allowed: jax.Array, offsets: jax.Array,
+           kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array, cache_index: Any, mesh: Mesh | None
+           ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+    """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
+
+    `kv` is the whole stacked cache [L, B, S, kv_heads, D] (k, v): this layer writes its new keys
+    and values at (layer, :, cache_index) in place and reads its own slice back."""
+    q, k, v = _qkv(config, x, p, lora, scale, rope)
+    if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
+        zero = jnp.zeros((), jnp.int32)
+        start = (layer, zero, cache_index, zero, zero)
+        kv = tuple(jax.lax.dynamic_update_slice(full, new[None].astype(full.dtype), start)
+                   for full, new in zip(kv, (k, v)))
+        k, v = (jax.lax.dynamic_index_in_dim(full, layer, 0, keepdims=False).astype(q.dtype) for full in kv)
+    attn = _attend(config, q, k, v, window, allowed, offsets)
+    return _finish(config, x, attn, p, lora, scale, mesh), kv
 
 
 def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
@@ -247,6 +265,60 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
     (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))
     x = L.norm(x, params["final_norm"], config)
     return x, (None if cache is None else KVCache(*kv))
+
+
+def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                                input_ids: jax.Array, attention_mask: jax.Array, *, group: int,
+                                lora: Lora | None = None, mesh: Mesh | None = None) -> tuple[jax.Array, jax.Array]:
+    """`hidden_states` of `group` continuations of each prefix, each prefix computed once.
+
+    prefix_ids / prefix_mask [P, Tp] (left-padded); input_ids / attention_mask [P * group, T], the
+    continuations of prefix i in rows i * group .. (i + 1) * group - 1. The numbers are those of
+    `hidden_states` on the rows concat(repeat(prefix, group), input) (positions and masks as there),
+    but each prefix goes through the layers once and its keys and values are shared by the rows of
+    its group (the GRPO update: one prompt, G completions). Returns the prefixes' hidden states
+    [P, Tp, H] and the continuations' [P * group, T, H]."""
+    prefix_ids, prefix_mask = jnp.asarray(prefix_ids), jnp.asarray(prefix_mask)
+    input_ids, attention_mask = jnp.asarray(input_ids), jnp.asarray(attention_mask)
+    if prefix_ids.ndim != 2 or prefix_mask.shape != prefix_ids.shape or input_ids.ndim != 2 \
+            or attention_mask.shape != input_ids.shape or input_ids.shape[0] != prefix_ids.shape[0] * group:
+        raise ConfigError(f"shared prefixes: prefix_ids/mask [P, Tp] and input_ids/attention_mask [P * group, T] "
+                          f"with group={group}; got {prefix_ids.shape}, {prefix_mask.shape}, {input_ids.shape}, "
+                          f"{attention_mask.shape}.")
+    if lora is not None and not isinstance(lora, Lora):
+        raise ConfigError(f"lora must be a jaxrl_hier.llm.Lora (from init_lora), got {type(lora).__name__}.")
+    tp, t = prefix_ids.shape[1], input_ids.shape[1]
+    rep = lambda a: jnp.repeat(a, group, axis=0)  # noqa: E731  (a prefix's row for each of its continuations)
+    pos_p = default_positions(prefix_mask)
+    # positions continue from the prefix's real length, as cumsum over the concatenated row gives
+    pos_c = jnp.maximum(rep(prefix_mask.sum(-1))[:, None] + jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+    xp = sharding.constrain_batch(_embed(config, params, prefix_ids, pos_p), mesh)
+    xc = sharding.constrain_batch(_embed(config, params, input_ids, pos_c), mesh)
+    rope_p = L.rope_tables(config, pos_p, xp.dtype) if config.rope else None
+    rope_c = L.rope_tables(config, pos_c, xc.dtype) if config.rope else None
+    offsets_p = jnp.arange(tp)[:, None] - jnp.arange(tp)[None, :]
+    allowed_p = (prefix_mask[:, None, :] > 0) & (offsets_p >= 0)[None]
+    offsets_c = (tp + jnp.arange(t))[:, None] - jnp.arange(tp + t)[None, :]  # continuation slots after the prefix's
+    mask_c = jnp.concatenate([rep(prefix_mask), attention_mask.astype(prefix_mask.dtype)], axis=1)
+    allowed_c = (mask_c[:, None, :] > 0) & (offsets_c >= 0)[None]
+    lora_layers = lora.params["layers"] if lora is not None else {}
+    scale = lora.scale if lora is not None else 1.0
+
+    def body(carry, xs):
+        xp, xc = carry
+        p, lp, window = xs
+        qp, kp, vp = _qkv(config, xp, p, lp, scale, rope_p)
+        qc, kc, vc = _qkv(config, xc, p, lp, scale, rope_c)
+        attn_p = _attend(config, qp, kp, vp, window, allowed_p, offsets_p)
+        k_c, v_c = (jnp.concatenate([rep(a), b], axis=1) for a, b in ((kp, kc), (vp, vc)))
+        attn_c = _attend(config, qc, k_c, v_c, window, allowed_c, offsets_c)
+        return (_finish(config, xp, attn_p, p, lp, scale, mesh), _finish(config, xc, attn_c, p, lp, scale, mesh)), None
+
+    if config.remat:
+        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    windows = jnp.asarray(config.windows, jnp.int32)
+    (xp, xc), _ = jax.lax.scan(body, (xp, xc), (params["layers"], lora_layers, windows))
+    return L.norm(xp, params["final_norm"], config), L.norm(xc, params["final_norm"], config)
 
 
 def lm_head(config: ModelConfig, params: Params, hidden: jax.Array) -> jax.Array:

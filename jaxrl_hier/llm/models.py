@@ -98,6 +98,13 @@ class LanguageModel(_Model):
         return decoder.hidden_states(self.config, params, input_ids, attention_mask, positions=positions,
                                      cache=cache, cache_index=cache_index, lora=lora, mesh=self.mesh)
 
+    def shared_prefix_hidden(self, params: Any, prefix_ids: jax.Array, prefix_mask: jax.Array, input_ids: jax.Array,
+                             attention_mask: jax.Array, *, group: int, lora: Lora | None = None
+                             ) -> tuple[jax.Array, jax.Array]:
+        """`decoder.shared_prefix_hidden_states`: `group` continuations per prefix, each prefix computed once."""
+        return decoder.shared_prefix_hidden_states(self.config, params, prefix_ids, prefix_mask, input_ids,
+                                                   attention_mask, group=group, lora=lora, mesh=self.mesh)
+
     def head(self, params: Any, hidden: jax.Array) -> jax.Array:
         """Float32 vocabulary logits [..., V] of final-norm hidden states [..., H]."""
         return decoder.lm_head(self.config, params, hidden)

@@ -440,5 +440,38 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     return (logp, entropy) if return_entropy else logp
 
 
-__all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "bucket_length", "left_pad",
+def shared_prefix_logprobs(lm: Any, params: Any, prefix_ids: Any, prefix_mask: Any, tokens: Any, mask: Any,
+                           lora: Any = None, *, group: int, temperature: jax.Array | float = 1.0,
+                           top_k: int | None = None, top_p: jax.Array | float | None = None,
+                           suppress_tokens: Sequence[int] = (), chunk_size: int = DEFAULT_CHUNK_SIZE,
+                           return_entropy: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Log-probs [P * group, N] of `group` continuations `tokens` of each prefix, each prefix run once.
+
+    The same numbers as `token_logprobs` on concat(repeat(prefix, group), tokens) restricted to the
+    continuation (entry j scores tokens[:, j]; 0 unless tokens j - 1 and j, or the prefix's last token
+    for j = 0, have mask 1), with the model's `shared_prefix_hidden` (a LanguageModel) computing each
+    prefix once and sharing its keys and values with its group: for GRPO's G completions of a prompt
+    the prompt's share of the forward and backward passes shrinks G-fold."""
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
+    if not hasattr(lm, "shared_prefix_hidden"):
+        raise ConfigError("shared_prefix_logprobs needs a model with shared_prefix_hidden() (jaxrl_hier.llm.LanguageModel).")
+    plain, temperature, top_k, top_p = _settings(temperature, top_k, top_p)
+    prefix_mask, mask = jnp.asarray(prefix_mask, jnp.int32), jnp.asarray(mask, jnp.int32)
+    tokens = jnp.asarray(tokens, jnp.int32)
+    kw = {} if lora is None else {"lora": lora}
+    hp, hc = lm.shared_prefix_hidden(params, jnp.asarray(prefix_ids, jnp.int32), prefix_mask, tokens, mask,
+                                     group=group, **kw)
+    # token j is predicted from the position before it: the prefix's last one for j = 0
+    context = jnp.concatenate([jnp.repeat(hp[:, -1:], group, axis=0), hc[:, :-1]], axis=1)
+    picked, entropy = _chunked_scores(lm, params, context, tokens, plain, temperature, top_k, top_p,
+                                      _suppress_tuple(suppress_tokens), int(chunk_size), bool(return_entropy))
+    context_mask = jnp.concatenate([jnp.repeat(prefix_mask[:, -1:], group, axis=0), mask[:, :-1]], axis=1)
+    valid = (context_mask > 0) & (mask > 0)
+    logp = jnp.where(valid, picked, 0.0)
+    return (logp, jnp.where(valid, entropy, 0.0)) if return_entropy else logp
+
+
+__all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "shared_prefix_logprobs",
+           "bucket_length", "left_pad",
            "filter_logits", "compiled_programs", "clear_compiled"]

@@ -78,6 +78,9 @@ class GRPOConfig:
     # recompute each decoder layer in the update's backward pass instead of keeping its residuals:
     # about a fifth of the compiled update's temporary memory, and faster on CPU (benchmarks/grpo_update_profile.py)
     remat: bool = True
+    # the update runs each prompt through the model once for its num_generations completions and shares its
+    # keys and values with them (the same numbers; micro-batches must then hold whole groups)
+    shared_prefix: bool = True
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "grpo"
     eps_low: float = 0.2
     eps_high: float | None = None
@@ -135,6 +138,10 @@ class GRPOConfig:
         if self.micro_batch_size < 0 or (self.micro_batch_size and self.batch_size % self.micro_batch_size):
             raise ConfigError(f"micro_batch_size={self.micro_batch_size} must divide prompts_per_step x "
                               f"num_generations = {self.batch_size} (or be 0 for the whole batch).")
+        if self.shared_prefix and self.micro_batch_size and self.micro_batch_size % self.num_generations:
+            raise ConfigError(f"micro_batch_size={self.micro_batch_size} splits a prompt's group of "
+                              f"num_generations={self.num_generations} completions, which shared_prefix: true runs "
+                              "together; use a multiple of num_generations, or shared_prefix: false.")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be > 0 for GRPO sampling, got {self.temperature}.")
         if self.top_p is not None and not 0 < self.top_p <= 1:

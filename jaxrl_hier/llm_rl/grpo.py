@@ -82,6 +82,10 @@ class GRPO:
         if hasattr(lm, "with_remat"):  # the same arrays; only how the update's backward pass runs
             lm = lm.with_remat(c.remat)
         self.lm, self.tokenizer, self.task = lm, tokenizer, task
+        # rows come in groups of G completions of one prompt (rollout.sample_groups, DAPO's kept groups);
+        # a micro-batch that cut a group could not share its prompt (validate() refuses that config)
+        whole_groups = (c.micro_batch_size or c.batch_size) % c.num_generations == 0
+        self.group = c.num_generations if c.shared_prefix and whole_groups and hasattr(lm, "shared_prefix_hidden") else 1
         self.base_params = lm.params if base_params is None else base_params
         self.initial_lora = lora
         self.pad_id, _, self.eos_id = special_ids(tokenizer)
@@ -181,7 +185,8 @@ class GRPO:
         params, lora = policy_parts(trainable, base)
         logp, entropy = completion_logprobs(self.lm, params, lora, mb.prompt_ids, mb.prompt_mask, mb.tokens,
                                             mb.loss_mask > 0, temperature=c.temperature, top_k=c.top_k,
-                                            top_p=c.top_p, suppress_tokens=c.suppress_tokens, return_entropy=True)
+                                            top_p=c.top_p, suppress_tokens=c.suppress_tokens, return_entropy=True,
+                                            group=self.group)
         parts = losses.policy_loss(logp, mb.old_logprobs, mb.advantages, weights, eps_low=c.eps_low,
                                    eps_high=c.eps_high, beta=c.beta, ref_logp=ref_logp, kl_estimator=c.kl_estimator)
         w = jax.lax.stop_gradient(weights)
@@ -194,7 +199,7 @@ class GRPO:
         ref_params = ref if ref is not None else base  # LoRA: the base with the adapter off
         out = completion_logprobs(self.lm, ref_params, None, batch.prompt_ids, batch.prompt_mask, batch.tokens,
                                   batch.loss_mask > 0, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                                  suppress_tokens=c.suppress_tokens)
+                                  suppress_tokens=c.suppress_tokens, group=self.group)
         return jax.lax.stop_gradient(out)
 
     def _update_impl(self, state: GRPOState, base: Any, ref: Any, batch: UpdateBatch) -> tuple[GRPOState, dict]:

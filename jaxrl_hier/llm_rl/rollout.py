@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_hier.llm.lora import Lora
-from jaxrl_hier.llm.sampling import sample_tokens, token_logprobs
+from jaxrl_hier.llm.sampling import sample_tokens, shared_prefix_logprobs, token_logprobs
 
 
 class Rollout(NamedTuple):
@@ -49,12 +49,18 @@ def sample_groups(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax.Array
 def completion_logprobs(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax.Array, prompt_mask: jax.Array,
                         tokens: jax.Array, mask: jax.Array, *, temperature: float = 1.0, top_k: int | None = None,
                         top_p: float | None = None, suppress_tokens: tuple[int, ...] = (),
-                        return_entropy: bool = False) -> Any:
+                        return_entropy: bool = False, group: int = 1) -> Any:
     """Teacher-forced log-probs [B, N] of the completion tokens (0 where mask is 0), and entropies.
 
     Scored under the same temperature / top-k / top-p / suppressed tokens as the sampler, so for the same params the
-    ratio to the sampler's log-probs is 1.
+    ratio to the sampler's log-probs is 1. `group` > 1 says the rows come in groups of that many
+    completions of one prompt (as `sample_groups` lays them out): each prompt then runs through the
+    model once for its group (`sampling.shared_prefix_logprobs`; the same numbers).
     """
+    if group > 1:
+        return shared_prefix_logprobs(lm, params, prompt_ids[::group], prompt_mask[::group], tokens, mask, lora,
+                                      group=group, temperature=temperature, top_k=top_k, top_p=top_p,
+                                      suppress_tokens=suppress_tokens, return_entropy=return_entropy)
     ids = jnp.concatenate([prompt_ids, tokens], axis=1)
     full_mask = jnp.concatenate([prompt_mask, mask.astype(prompt_mask.dtype)], axis=1)
     start = prompt_ids.shape[1] - 1

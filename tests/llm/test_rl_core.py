@@ -131,6 +131,39 @@ def test_remat_gives_the_same_gradients_with_less_compiled_memory(lm):
     np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
 
 
+def test_shared_prefix_scores_equal_the_repeated_prompts(lm):
+    """G completions per prompt scored with each prompt run once (keys and values shared) give the
+    log-probs, entropies and gradients of the prompts repeated G times: left-padded prompts, a
+    completion cut by its mask, temperature and top-p, with and without remat, and through LoRA."""
+    from jaxrl_hier.llm import LoraConfig, init_lora
+    from jaxrl_hier.llm_rl.rollout import completion_logprobs
+
+    g = 3
+    prompts, prompt_mask = np.repeat(IDS, g, 0), np.repeat(MASK, g, 0)
+    tokens = np.random.default_rng(0).integers(3, V, (2 * g, 4)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    mask[1, 2:] = 0
+    mask[4, 1:] = 0
+    lora = init_lora(lm.config, LoraConfig(rank=2), jax.random.key(1))
+    lora = jax.tree_util.tree_map(lambda x: x + 0.1, lora)  # a non-zero adapter, so its gradient path is exercised
+
+    def scores(model, group, with_lora):
+        def f(trainable):
+            params, adapter = (lm.params, trainable) if with_lora else (trainable, None)
+            lp, ent = completion_logprobs(model, params, adapter, prompts, prompt_mask, tokens, mask, temperature=0.8,
+                                          top_p=0.9, return_entropy=True, group=group)
+            return jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0)), (lp, ent)
+        return jax.jit(jax.grad(f, has_aux=True))(lora if with_lora else lm.params)
+
+    for model, with_lora in ((lm, False), (lm.with_remat(True), False), (lm, True)):
+        (g_1, (lp_1, ent_1)), (g_g, (lp_g, ent_g)) = scores(model, 1, with_lora), scores(model, g, with_lora)
+        np.testing.assert_allclose(np.asarray(lp_g), np.asarray(lp_1), atol=1e-5)
+        np.testing.assert_allclose(np.asarray(ent_g), np.asarray(ent_1), atol=1e-5)
+        assert np.all(np.asarray(lp_g)[mask == 0] == 0) and np.isfinite(np.asarray(lp_g)[0]).any()
+        for a, b in zip(jax.tree_util.tree_leaves(g_1), jax.tree_util.tree_leaves(g_g)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
+
+
 def test_per_row_greedy_flag_equals_the_greedy_and_the_sampled_call(lm):
     """A traced greedy flag per row: greedy rows equal greedy=True's, the others the sampled call's
     with the same key (tokens, log-probs, hidden states), in one program."""

@@ -29,6 +29,7 @@ def write_config(tmp_path, **overrides):
     ("task=gsm8k", "task_path"),
     ("loss_type=ppo", "loss_type"),
     ("micro_batch_size=3", "micro_batch_size=3 must divide"),
+    ("micro_batch_size=2", "splits a prompt's group of num_generations=4"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"
