@@ -39,7 +39,10 @@ __all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "shared_prefix_
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+    """Keys and values of every layer: [num_layers, batch, num_kv_heads, max_len, head_dim].
+
+    Head-major, as attention reads them: a decode step attends over a layer's cache as it lies
+    instead of transposing all of it every step."""
 
     k: jax.Array
     v: jax.Array
@@ -116,7 +119,7 @@ def param_shapes(config: ModelConfig, dtype: Any = jnp.float32) -> Params:
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = jnp.float32,
                mesh: Mesh | None = None) -> KVCache:
     """An empty cache for `batch` rows of `max_len` slots (batch over data x fsdp, kv heads over tensor)."""
-    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
     k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
     if mesh is not None:
         spec = sharding.cache_spec(mesh, shape)
@@ -145,10 +148,10 @@ def _check_inputs(config: ModelConfig, input_ids: jax.Array, attention_mask: jax
         if cache_index is not None:
             raise ConfigError("cache_index was given without a cache; pass cache=init_cache(...) too.")
         return
-    max_len = cache.k.shape[2]
-    if cache.k.shape[:2] != (config.num_layers, batch) or cache.k.shape[3:] != (config.num_kv_heads, config.head_dim):
+    max_len = cache.k.shape[3]
+    if cache.k.shape[:3] != (config.num_layers, batch, config.num_kv_heads) or cache.k.shape[4:] != (config.head_dim,):
         raise ConfigError(f"cache shape {cache.k.shape} does not fit this model and batch {batch}: expected "
-                          f"({config.num_layers}, {batch}, max_len, {config.num_kv_heads}, {config.head_dim}).")
+                          f"({config.num_layers}, {batch}, {config.num_kv_heads}, max_len, {config.head_dim}).")
     if attention_mask.shape != (batch, max_len):
         raise ConfigError(f"with a cache, attention_mask must cover the cache slots: expected {(batch, max_len)}, "
                           f"got {attention_mask.shape}.")
@@ -167,7 +170,7 @@ def _embed(config: ModelConfig, params: Params, input_ids: jax.Array, positions:
 
 def _qkv(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: float,
          rope: tuple[jax.Array, jax.Array] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """A block's attention inputs: q [B, T, heads, D] and k, v [B, T, kv_heads, D] of norm(x), rotated."""
+    """A block's attention inputs: q [B, T, heads, D] and k, v [B, kv_heads, T, D] of norm(x), rotated."""
     c = config
     b, t, _ = x.shape
     h = L.norm(x, p["attn_norm"], c)
@@ -179,7 +182,7 @@ def _qkv(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: floa
         k = L.rms_norm_heads(k, p["k_norm"]["scale"], c.norm_eps)
     if rope is not None:
         q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
-    return q, k, v
+    return q, k.swapaxes(1, 2), v.swapaxes(1, 2)
 
 
 def _attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, window: jax.Array, allowed: jax.Array,
@@ -209,12 +212,12 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
            ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
 
-    `kv` is the whole stacked cache [L, B, S, kv_heads, D] (k, v): this layer writes its new keys
-    and values at (layer, :, cache_index) in place and reads its own slice back."""
+    `kv` is the whole stacked cache [L, B, kv_heads, S, D] (k, v): this layer writes its new keys
+    and values at (layer, :, :, cache_index) in place and reads its own slice back."""
     q, k, v = _qkv(config, x, p, lora, scale, rope)
     if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
         zero = jnp.zeros((), jnp.int32)
-        start = (layer, zero, cache_index, zero, zero)
+        start = (layer, zero, zero, cache_index, zero)
         kv = tuple(jax.lax.dynamic_update_slice(full, new[None].astype(full.dtype), start)
                    for full, new in zip(kv, (k, v)))
         k, v = (jax.lax.dynamic_index_in_dim(full, layer, 0, keepdims=False).astype(q.dtype) for full in kv)
@@ -242,7 +245,7 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         q_slots = k_slots = jnp.arange(t)
     else:
         cache_index = jnp.asarray(cache_index, jnp.int32)
-        q_slots, k_slots = cache_index + jnp.arange(t), jnp.arange(cache.k.shape[2])
+        q_slots, k_slots = cache_index + jnp.arange(t), jnp.arange(cache.k.shape[3])
     offsets = q_slots[:, None] - k_slots[None, :]  # [T, S]
     allowed = (attention_mask[:, None, :] > 0) & (offsets >= 0)[None]  # causal by slot, valid slots only
 
@@ -310,7 +313,7 @@ def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids:
         qp, kp, vp = _qkv(config, xp, p, lp, scale, rope_p)
         qc, kc, vc = _qkv(config, xc, p, lp, scale, rope_c)
         attn_p = _attend(config, qp, kp, vp, window, allowed_p, offsets_p)
-        k_c, v_c = (jnp.concatenate([rep(a), b], axis=1) for a, b in ((kp, kc), (vp, vc)))
+        k_c, v_c = (jnp.concatenate([rep(a), b], axis=2) for a, b in ((kp, kc), (vp, vc)))
         attn_c = _attend(config, qc, k_c, v_c, window, allowed_c, offsets_c)
         return (_finish(config, xp, attn_p, p, lp, scale, mesh), _finish(config, xc, attn_c, p, lp, scale, mesh)), None
 

@@ -79,7 +79,7 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     q = L.dense(x, p["q_proj"], lora.get("q_proj"), scale).reshape(b, t, c.num_heads, c.head_dim)
     k = L.dense(x, p["k_proj"], lora.get("k_proj"), scale).reshape(b, t, c.num_heads, c.head_dim)
     v = L.dense(x, p["v_proj"], lora.get("v_proj"), scale).reshape(b, t, c.num_heads, c.head_dim)
-    attn = L.attention(q, k, v, allowed, c.head_dim**-0.5)
+    attn = L.attention(q, k.swapaxes(1, 2), v.swapaxes(1, 2), allowed, c.head_dim**-0.5)
     x = L.norm(x + L.dense(attn, p["o_proj"], lora.get("o_proj"), scale), p["attn_norm"], c)
     up = L.activation(L.dense(x, p["up_proj"], lora.get("up_proj"), scale), c.activation)
     x = L.norm(x + L.dense(up, p["down_proj"], lora.get("down_proj"), scale), p["mlp_norm"], c)

@@ -96,18 +96,21 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, scale: float) -> jax.Array:
     """Grouped-query attention.
 
-    q [B, T, heads, D]; k, v [B, S, kv_heads, D]; allowed [B, T, S] (True = may attend).
-    Scores and softmax in float32. Returns [B, T, heads * D] in v's dtype. A query that may attend
-    to nothing (left padding before the first token) gets a zero output, as torch's SDPA gives.
+    q [B, T, heads, D]; k, v [B, kv_heads, S, D] (head-major, the KV cache's layout); allowed
+    [B, T, S] (True = may attend). Scores and softmax in float32. Returns [B, T, heads * D] in v's
+    dtype. A query that may attend to nothing (left padding before the first token) gets a zero
+    output, as torch's SDPA gives.
     """
     b, t, heads, d = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     q = q.reshape(b, t, kv_heads, heads // kv_heads, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
     mask = allowed[:, None, None]
     probs = jax.nn.softmax(jnp.where(mask, scores, NEG_INF), axis=-1)
     probs = jnp.where(jnp.any(mask, axis=-1, keepdims=True), probs, 0.0).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    # [.., T, S] @ [.., S, D] as a plain batched matmul, transposed after: asked for "btkgd"
+    # directly, XLA:CPU contracts v over its major axis, a slow kernel
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v).transpose(0, 3, 1, 2, 4)
     return out.reshape(b, t, heads * d)
 
 

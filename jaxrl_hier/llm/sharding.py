@@ -145,5 +145,5 @@ def constrain_batch(x: jax.Array, mesh: Mesh | None, batch_dim: int = 0) -> jax.
 
 
 def cache_spec(mesh: Mesh, shape: Sequence[int]) -> P:
-    """KV cache [layers, B, max_len, kv_heads, head_dim]: batch over data x fsdp, kv heads over tensor."""
-    return fit_spec((None, BATCH_AXES, None, "tensor", None), shape, mesh)
+    """KV cache [layers, B, kv_heads, max_len, head_dim]: batch over data x fsdp, kv heads over tensor."""
+    return fit_spec((None, BATCH_AXES, "tensor", None, None), shape, mesh)

@@ -123,7 +123,7 @@ def test_incremental_cache_decode_equals_full_forward(family):
                                                        positions=jax.lax.dynamic_slice_in_dim(pos, i, n, 1),
                                                        cache=cache, cache_index=i), static_argnums=3)
     cache = lm.init_cache(2, 12)  # two spare slots: unused slots must be masked out
-    assert cache.k.shape == (lm.config.num_layers, 2, 12, lm.config.num_kv_heads, lm.config.head_dim)
+    assert cache.k.shape == (lm.config.num_layers, 2, lm.config.num_kv_heads, 12, lm.config.head_dim)
     slot_mask = jnp.zeros((2, 12), jnp.int32)
     got = []
     for start, n in ((0, 6), (6, 2), (8, 1), (9, 1)):

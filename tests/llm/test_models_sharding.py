@@ -142,4 +142,4 @@ def test_sharded_logits_equal_single_device(multi_device_results, name, devices)
         assert r[f"{name}/{devices}/decode"] < 1e-5 * max(1.0, r[f"{name}/scale"])
         # cache: batch over data x fsdp (8 devices) or fsdp (4), kv heads over tensor
         want = ["data", "fsdp"] if devices == "8" else "fsdp"
-        assert r[f"{name}/{devices}/cache_spec"] == [None, want, None, "tensor", None]
+        assert r[f"{name}/{devices}/cache_spec"] == [None, want, "tensor", None, None]
