@@ -466,7 +466,7 @@ def make_env(config: GuidedConfig) -> Any:
     elif config.task == "gsm8k":
         kwargs = dict(path=config.task_path)
     return TwoTurnEnv(make_task(config.task, **kwargs), wrong_fraction=config.hint_wrong_fraction,
-                      max_offset=config.hint_max_offset, hint_kind=config.hint_kind)
+                      max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
 
 
 def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guidance_lm: Any = None,

@@ -28,6 +28,9 @@ class GuidedConfig:
     # the rule's warm-start hints: "verdict" (lower / higher / right / none) or "step" (right, else the
     # first step of the worked solution: arithmetic, or GSM8K-format files with worked answers)
     hint_kind: Literal["verdict", "step"] = "verdict"
+    # two_turn: turn 1 is rewarded with its own correctness and the last turn with the change, so the hint's
+    # return is what it added (the episode's return is unchanged; TwoTurnEnv.shaped)
+    reward_shaping: bool = False
     game_high: int = 16           # guess_number: secrets 1..game_high
     game_max_turns: int = 5
     max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
@@ -119,6 +122,9 @@ class GuidedConfig:
         if self.episodes_per_iteration % self.group_size:
             raise ConfigError(f"group_size={self.group_size} must divide episodes_per_iteration="
                               f"{self.episodes_per_iteration} (each problem is played group_size times).")
+        if self.reward_shaping and self.env != "two_turn":
+            raise ConfigError(f"reward_shaping shapes the two_turn environment's rewards; env: {self.env} has its own "
+                              "per-turn rewards. Remove reward_shaping.")
         if self.advantage == "group" and self.group_size < 2:
             raise ConfigError("advantage: group compares the episodes of one problem: set group_size >= 2.")
         if self.actor_micro_batch_size and self.episodes_per_iteration % self.actor_micro_batch_size:

@@ -9,7 +9,8 @@ per episode (static shapes). Every environment also yields supervised warm-start
 - `TwoTurnEnv` wraps any answer-line task (arithmetic by default, or GSM8K-format files): the
   actor answers (turn 1), the guidance model reads the problem and that answer and writes a hint
   (turn 2), the actor answers again with the hint (turn 3); the reward, given at the last turn, is
-  that answer's correctness. Its warm-start hints are rule-based, of one of two kinds
+  that answer's correctness (with `shaped`, turn 1 earns its own answer's correctness and the last
+  turn the difference, the same total). Its warm-start hints are rule-based, of one of two kinds
   (`hint_kind`): `verdict` says `lower` when the turn-1 answer is too high, `higher` when it is too
   low, `right` when it is correct, `none` without an answer line; `step` says `right` when the
   answer is correct and otherwise gives the problem one step closer to its answer (arithmetic:
@@ -93,6 +94,11 @@ class TwoTurnEnv:
     wrong_fraction: float = 0.5  # share of warm-start hint / turn-2 examples with a wrong turn-1 answer
     max_offset: int = 3          # wrong warm-start answers are the answer +- 1..max_offset
     hint_kind: str = "verdict"   # the rule's hints: "verdict" (lower/higher/right/none) or "step"
+    # turn 1 earns its answer's correctness and the last turn the change (turn 2's minus turn 1's):
+    # the episode's return is still turn 2's correctness, but the hint's and the second answer's
+    # returns are what they added (potential-based shaping, the latest answer's correctness as the
+    # potential), so repeating a right turn-1 answer earns the guidance nothing
+    shaped: bool = False
     name: str = "two_turn"
     max_turns: int = 3
 
@@ -132,16 +138,20 @@ class TwoTurnEnv:
 
     def step(self, ep: TwoTurnEpisode, utterance: str) -> tuple[TwoTurnEpisode, float, bool]:
         ep = dataclasses.replace(ep)
+        reward = 0.0
+        turn1_correct = lambda: float(self.task.is_correct(ep.problem, ep.turn1))  # noqa: E731
         if ep.turn == 0:
             ep.turn1 = utterance
+            reward = turn1_correct() if self.shaped else 0.0
         elif ep.turn == 1:
             ep.hint = utterance
         else:
             ep.turn2 = utterance
             ep.done = True
-            ep.reward = float(self.task.is_correct(ep.problem, utterance))
+            ep.reward = float(self.task.is_correct(ep.problem, utterance))  # the episode's return
+            reward = ep.reward - (turn1_correct() if self.shaped else 0.0)
         ep.turn += 1
-        return ep, (ep.reward if ep.done else 0.0), ep.done
+        return ep, reward, ep.done
 
     def max_state_chars(self, prompt_chars: int, hint_chars: int) -> int:
         """The longest state text for prompts of `prompt_chars` and hints of `hint_chars` characters."""

@@ -218,6 +218,15 @@ def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message)
     assert not out.exists()
 
 
+def test_reward_shaping_is_refused_outside_the_two_turn_env():
+    from jaxrl_hier.config import ConfigError
+    from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+
+    with pytest.raises(ConfigError, match="reward_shaping shapes the two_turn"):
+        GuidedConfig(env="guess_number", reward_shaping=True).validate()
+    GuidedConfig(reward_shaping=True).validate()
+
+
 def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -33,6 +33,31 @@ def test_two_turn_episode_states_rewards_and_speakers(two_turn):
     assert len(env.observation(ep)) <= env.max_state_chars(len(p.prompt), len("lower x"))
 
 
+def test_shaped_rewards_give_each_later_turn_what_it_added():
+    """shaped: turn 1 earns its own correctness, the last turn the change; the episode's return (the
+    sum, and ep.reward) is turn 2's correctness either way."""
+    import dataclasses
+
+    import numpy as np
+
+    from jaxrl_hier.llm_rl.guided import returns_to_go
+
+    env = dataclasses.replace(TwoTurnEnv(ArithmeticTask(operators="+-", digits=1, steps=2)), shaped=True)
+    answer = env.reset("train", 1, 0)[0].problem.answer
+    wrong = str(int(answer) + 1)
+    for first, second in ((answer, answer), (answer, wrong), (wrong, answer), (wrong, wrong)):
+        ep = env.reset("train", 1, 0)[0]
+        rewards = []
+        for utterance in (f"#### {first}", "right", f"#### {second}"):
+            ep, r, _ = env.step(ep, utterance)
+            rewards.append(r)
+        c1, c2 = float(first == answer), float(second == answer)
+        assert rewards == [c1, 0.0, c2 - c1] and sum(rewards) == ep.reward == c2
+        turns = [{"reward": np.array([r], np.float32), "done": np.array([d], np.float32),
+                  "valid": np.ones(1, np.float32)} for r, d in zip(rewards, (0.0, 0.0, 1.0))]
+        assert [float(g[0]) for g in returns_to_go(turns, 1.0)] == [c2, c2 - c1, c2 - c1]
+
+
 def test_rule_hints(two_turn):
     p = two_turn.task.make_problem([5, 3, 1], ["+", "-"])  # 5+3-1 = 7
     assert rule_hint(two_turn.task, p, "#### 9") == "lower"
