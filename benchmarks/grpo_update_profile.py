@@ -4,16 +4,18 @@
 
 The model is the shape of `benchmarks/grpo.py`'s checkpoint (Qwen2-shaped, hidden 256, 4 layers,
 4 heads / 2 KV heads, intermediate 704, tied embeddings, 57-token vocabulary, float32, random
-weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens. Every program is
-compiled first (compile time and XLA's temporary memory recorded apart), then all are called in turn
-`--repeats` times (median and min): this CPU's speed drifts within a minute, so only programs timed
-side by side compare.
+weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens, 8 prompts x 4.
+Every program is compiled first (compile time and XLA's temporary memory recorded apart), then all
+are called in turn `--repeats` times (median and min): this CPU's speed drifts within a minute, so
+only programs timed side by side compare.
 
 - `forward`: the completion log-probs (`llm_rl.rollout.completion_logprobs`);
 - `hidden_forward` / `hidden_grad`: the decoder's hidden states alone, and the gradient of a sum
   over them (no vocabulary projection, no loss);
 - `update`: the GRPO loss's gradient and one AdamW step with every layer's residuals kept (`remat: false`);
-- `update_remat`: the same with the layers recomputed in the backward pass (`remat: true`, GRPO's default);
+- `update_remat`: the same with the layers recomputed in the backward pass (`remat: true`);
+- `update_remat_shared`: and each prompt run once for its 4 completions (`shared_prefix: true`):
+  what GRPO runs by default;
 - `update_unrolled`: `update` with every `lax.scan` unrolled (the layer loop included);
 - `update_3d_dense`: `update` with the dense layers as [B, T, H] @ [H, O] products, as before they
   were reshaped to one 2-D matmul (`llm.layers.dense`).
@@ -89,7 +91,8 @@ def main() -> None:
     cfg, params = lm.config, lm.params
     B, P, N = 32, 12, 32
     rng = np.random.default_rng(0)
-    prompt = jnp.asarray(rng.integers(4, 57, (B, P)), jnp.int32)
+    G = 4  # completions per prompt, as the benchmark's step: 8 prompts x 4
+    prompt = jnp.repeat(jnp.asarray(rng.integers(4, 57, (B // G, P)), jnp.int32), G, axis=0)
     tokens = jnp.asarray(rng.integers(4, 57, (B, N)), jnp.int32)
     ones_p, ones_n = jnp.ones((B, P), jnp.int32), jnp.ones((B, N), jnp.int32)
     ids, mask = jnp.concatenate([prompt, tokens], 1), jnp.concatenate([ones_p, ones_n], 1)
@@ -99,12 +102,13 @@ def main() -> None:
     opt_state = optimizer.init(params)
     suppress = (0, 1, 2, 3)
 
-    def logprobs(p, model=lm):
-        return completion_logprobs(model, p, None, prompt, ones_p, tokens, ones_n > 0, suppress_tokens=suppress)
+    def logprobs(p, model=lm, group=1):
+        return completion_logprobs(model, p, None, prompt, ones_p, tokens, ones_n > 0, suppress_tokens=suppress,
+                                   group=group)
 
-    def make_update(model):
+    def make_update(model, group=1):
         def loss(p):
-            return losses.policy_loss(logprobs(p, model), jnp.zeros((B, N)), advantages, weights).loss
+            return losses.policy_loss(logprobs(p, model, group), jnp.zeros((B, N)), advantages, weights).loss
 
         def update(p, s):
             grads = jax.grad(loss)(p)
@@ -121,7 +125,8 @@ def main() -> None:
             "hidden_forward": compile_row(hidden, params),
             "hidden_grad": compile_row(jax.grad(lambda p: jnp.sum(hidden(p) ** 2)), params),
             "update": compile_row(update, params, opt_state),
-            "update_remat": compile_row(make_update(lm.with_remat(True)), params, opt_state)}
+            "update_remat": compile_row(make_update(lm.with_remat(True)), params, opt_state),
+            "update_remat_shared": compile_row(make_update(lm.with_remat(True), G), params, opt_state)}
     # the same update traced with a patched library: every lax.scan unrolled (the layer loop
     # included), and the dense layers as [B, T, H] @ [H, O] products (before they were reshaped to 2-D)
     scan, dense = jax.lax.scan, layers.dense
