@@ -15,7 +15,7 @@ from jaxrl_hier.envs import make
 ENV = dict(num_cues=3, delay=4)
 MEMORY = dict(env="MemoryCue-v0", num_envs=32, num_steps=16, num_minibatches=4, hidden_size=32, rnn_hidden_size=32,
               num_layers=1, lr=3e-3, gae_lambda=0.95, reset_mode="pool", reset_ratio=1)
-UPDATES = 24
+UPDATES = 32  # 24 ended on a transient dip (0.71 at update 21) under the tests' XLA flags on an AMD EPYC host
 KEY = jax.random.PRNGKey(0)
 
 
