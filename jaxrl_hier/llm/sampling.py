@@ -356,6 +356,11 @@ def generate(lm: Any, params: Any, input_ids: Any, attention_mask: Any, *, key: 
 DEFAULT_CHUNK_SIZE = 128
 
 
+def _check_chunk_size(chunk_size: Any) -> None:
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
+
+
 def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array, plain: bool, temperature: Any,
                     top_k: int | None, top_p: Any, suppress: tuple[int, ...], chunk_size: int, want_entropy: bool
                     ) -> tuple[jax.Array, jax.Array | None]:
@@ -430,8 +435,7 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     backward pass), so [B, T, V] float32 logits never exist at once. Differentiable in params and
     lora; call it inside your own jit (it is traced, not jitted here).
     """
-    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
+    _check_chunk_size(chunk_size)
     plain, temperature, top_k, top_p = _settings(temperature, top_k, top_p)
     ids = jnp.asarray(input_ids, jnp.int32)
     mask = jnp.asarray(attention_mask, jnp.int32)
@@ -452,8 +456,7 @@ def shared_prefix_logprobs(lm: Any, params: Any, prefix_ids: Any, prefix_mask: A
     for j = 0, have mask 1), with the model's `shared_prefix_hidden` (a LanguageModel) computing each
     prefix once and sharing its keys and values with its group: for GRPO's G completions of a prompt
     the prompt's share of the forward and backward passes shrinks G-fold."""
-    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
-        raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
+    _check_chunk_size(chunk_size)
     if not hasattr(lm, "shared_prefix_hidden"):
         raise ConfigError("shared_prefix_logprobs needs a model with shared_prefix_hidden() (jaxrl_hier.llm.LanguageModel).")
     plain, temperature, top_k, top_p = _settings(temperature, top_k, top_p)
