@@ -225,6 +225,14 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     return _finish(config, x, attn, p, lora, scale, mesh), kv
 
 
+def _rematerialised(config: ModelConfig, body: Any) -> Any:
+    """The layer-scan body under jax.checkpoint when `config.remat` (training without a cache): the
+    backward pass keeps only each layer's input and recomputes the layer."""
+    if not config.remat:
+        return body
+    return jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+
+
 def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
                   positions: jax.Array | None = None, cache: KVCache | None = None, cache_index: Any = None,
                   lora: Lora | None = None, mesh: Mesh | None = None) -> tuple[jax.Array, KVCache | None]:
@@ -260,9 +268,8 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         p, lp, window, layer = xs
         return _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, layer, cache_index, mesh), None
 
-    if config.remat and cache is None:
-        # training: keep only each layer's input; the backward pass recomputes the layer
-        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    if cache is None:
+        body = _rematerialised(config, body)
     kv0 = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))
@@ -317,8 +324,7 @@ def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids:
         attn_c = _attend(config, qc, k_c, v_c, window, allowed_c, offsets_c)
         return (_finish(config, xp, attn_p, p, lp, scale, mesh), _finish(config, xc, attn_c, p, lp, scale, mesh)), None
 
-    if config.remat:
-        body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    body = _rematerialised(config, body)
     windows = jnp.asarray(config.windows, jnp.int32)
     (xp, xc), _ = jax.lax.scan(body, (xp, xc), (params["layers"], lora_layers, windows))
     return L.norm(xp, params["final_norm"], config), L.norm(xc, params["final_norm"], config)

@@ -476,5 +476,4 @@ def shared_prefix_logprobs(lm: Any, params: Any, prefix_ids: Any, prefix_mask: A
 
 
 __all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "shared_prefix_logprobs",
-           "bucket_length", "left_pad",
-           "filter_logits", "compiled_programs", "clear_compiled"]
+           "bucket_length", "left_pad", "filter_logits", "compiled_programs", "clear_compiled"]
