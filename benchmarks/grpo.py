@@ -28,6 +28,11 @@ and the order rotated between rounds, because this CPU's speed drifts by up to a
 record pools the step times of all its rounds, keeps each round's median, and `speedups` gives ours
 against each peer as the ratio of pooled medians with the lowest and highest ratio of one round's.
 
+`--preset qwen2.5-0.5b` (or qwen2.5-1.5b) with `--platform gpu --dtype bfloat16 [--lora-rank 16]` is the GPU
+run: a random model of that shape (its 151,936-token vocabulary kept, every id the character tokenizer lacks
+suppressed while sampling), ours and TRL on the GPU, and each worker's device memory high-water mark
+(`peak_device_mib`) beside its RSS. Tunix is compared on the CPU preset only.
+
 Writes OUT/grpo.json (device, versions, settings, notes, a record per system and beta), OUT/grpo.md (the
 table) and OUT/grpo.png (median step time per system and beta, min-max as error bars). Peers need
 `pip install -e ".[bench]"`.
@@ -69,6 +74,12 @@ SEED = 0
 PROMPTS = ("12+34*5-67=", "90-12*3+45=", "7*8+91-234=", "45+67-8*90=",
            "13*2+46-75=", "88-9*10+16=", "5+6*7-89+0=", "31-4*15+92=")
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704)
+# `--preset`: "tiny" is MODEL above (the CPU comparison); the others are random models shaped like the published
+# checkpoints (benchmarks/llm_throughput.py's PRESETS), for a GPU run. Their vocabulary keeps its full size (the
+# logits and their softmax cost what they cost in the real model) while every id the character tokenizer does
+# not have is suppressed, so completions are still exactly 32 characters.
+PRESET_NAMES = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")
+PLATFORMS = {"cpu": "cpu", "gpu": "cuda"}  # --platform -> JAX_PLATFORMS of the workers
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,10 @@ class Settings:
     max_grad_norm: float = MAX_GRAD_NORM
     seed: int = SEED
     threads: int = 2
+    preset: str = "tiny"
+    dtype: str = "float32"
+    lora_rank: int = 0  # 0: full fine-tuning; else a LoRA adapter of this rank on q/k/v/o
+    platform: str = "cpu"
 
     @property
     def tokens_per_step(self) -> int:
@@ -113,37 +128,68 @@ class RewardLog:
 # --- the checkpoint ---------------------------------------------------------------------------------
 
 
-def make_checkpoint(directory: Path, seed: int = SEED) -> dict:
-    """Save the tiny Qwen2 model (random weights from `torch.manual_seed(seed)`) and the character
-    tokenizer into `directory`; returns its shape and parameter count."""
-    import torch
+def preset_config(preset: str, tok: Any) -> Any:
+    """The transformers Qwen2Config of `preset` for the character tokenizer `tok`."""
     import transformers
 
     from jaxrl_hier.llm_rl.model_setup import tiny_qwen2_config
+
+    ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    if preset == "tiny":
+        return tiny_qwen2_config(len(tok), hidden_size=MODEL["hidden_size"], num_layers=MODEL["num_layers"],
+                                 num_heads=MODEL["num_heads"], num_kv_heads=MODEL["num_kv_heads"],
+                                 intermediate_size=MODEL["intermediate_size"], max_positions=128, **ids)
+    from benchmarks.llm_throughput import PRESETS
+
+    fields = {k: v for k, v in PRESETS[preset].items() if k not in ("model_type", "dtype")}
+    return transformers.Qwen2Config(**fields, **ids)
+
+
+def make_checkpoint(directory: Path, seed: int = SEED, preset: str = "tiny", dtype: str = "float32") -> dict:
+    """Save the `preset` Qwen2 model (random weights from `torch.manual_seed(seed)`, stored in `dtype`) and the
+    character tokenizer into `directory`; returns its shape and parameter count."""
+    import torch
+    import transformers
+
     from jaxrl_hier.tasks.tokenizer import build_char_tokenizer, save_tokenizer
 
     tok = build_char_tokenizer()
-    config = tiny_qwen2_config(len(tok), hidden_size=MODEL["hidden_size"], num_layers=MODEL["num_layers"],
-                               num_heads=MODEL["num_heads"], num_kv_heads=MODEL["num_kv_heads"],
-                               intermediate_size=MODEL["intermediate_size"], max_positions=128,
-                               pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                               eos_token_id=tok.eos_token_id)
+    config = preset_config(preset, tok)
     torch.manual_seed(seed)
-    model = transformers.Qwen2ForCausalLM(config).float()
+    model = transformers.Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     # save_pretrained writes in place: write into a temporary sibling, then move each file in atomically.
     with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         for src in Path(tmp).iterdir():
             atomic_write_bytes(directory / src.name, src.read_bytes())
     save_tokenizer(tok, directory)
-    return dict(MODEL, vocab_size=len(tok), params=sum(p.numel() for p in model.parameters()),
-                tied_embeddings=True, dtype="float32")
+    return dict(preset=preset, hidden_size=config.hidden_size, num_layers=config.num_hidden_layers,
+                num_heads=config.num_attention_heads, num_kv_heads=config.num_key_value_heads,
+                intermediate_size=config.intermediate_size, vocab_size=config.vocab_size, tokenizer_size=len(tok),
+                params=sum(p.numel() for p in model.parameters()), tied_embeddings=True, dtype=dtype)
 
 
-def special_ids(tokenizer: Any) -> list[int]:
-    """Token ids no system may sample (pad, bos, eos, unk): every completion then runs to NEW_TOKENS."""
-    return sorted({i for i in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
-                               tokenizer.unk_token_id) if i is not None})
+def special_ids(tokenizer: Any, vocab_size: int | None = None) -> list[int]:
+    """Token ids no system may sample (pad, bos, eos, unk, and every id of a `vocab_size` model that the
+    tokenizer lacks): every completion then runs to NEW_TOKENS characters."""
+    special = {i for i in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
+                           tokenizer.unk_token_id) if i is not None}
+    return sorted(special | set(range(len(tokenizer), vocab_size or 0)))
+
+
+def device_peak_mib(system: str) -> float | None:
+    """The accelerator's allocated-bytes high-water mark in this worker (torch's for TRL, JAX's allocator's
+    for the JAX systems); None on the CPU."""
+    if system == "trl":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else None
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    if jax.default_backend() == "cpu" or "peak_bytes_in_use" not in stats:
+        return None
+    return stats["peak_bytes_in_use"] / 2**20
 
 
 def clock() -> tuple[float, float]:
@@ -167,7 +213,8 @@ def step_intervals(starts: list[tuple[float, float]], warmup: int, steps: int) -
 
 def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, beta: float, steps: int,
               warmup: int, settings: Settings = Settings()) -> dict:
-    """TRL GRPOTrainer, PyTorch on the CPU, one optimiser step per generation batch."""
+    """TRL GRPOTrainer (PyTorch on `settings.platform`), one optimiser step per generation batch; LoRA
+    through peft when `settings.lora_rank` > 0."""
     t0 = time.perf_counter()
     import datasets
     import torch
@@ -176,6 +223,14 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
 
     torch.set_num_threads(settings.threads)
     tok = transformers.AutoTokenizer.from_pretrained(ckpt_dir)
+    vocab = transformers.AutoConfig.from_pretrained(ckpt_dir).vocab_size
+    dtype = getattr(torch, settings.dtype)
+    peft_config = None
+    if settings.lora_rank:
+        import peft
+
+        peft_config = peft.LoraConfig(r=settings.lora_rank, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
+                                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     # The Tunix sampler puts BOS before every prompt; the same text here gives TRL the same token ids.
     data = datasets.Dataset.from_dict({"prompt": [tok.bos_token + p for p in prompts]})
     batch = len(prompts) * settings.num_generations
@@ -184,14 +239,14 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
         output_dir=out_dir.name, max_steps=warmup + steps + 1, per_device_train_batch_size=batch,
         gradient_accumulation_steps=1, num_generations=settings.num_generations, num_iterations=1,
         max_completion_length=settings.new_tokens, temperature=settings.temperature, top_p=1.0, top_k=0,
-        generation_kwargs={"suppress_tokens": special_ids(tok), "min_new_tokens": settings.new_tokens},
+        generation_kwargs={"suppress_tokens": special_ids(tok, vocab), "min_new_tokens": settings.new_tokens},
         beta=beta, loss_type="grpo", scale_rewards="group", learning_rate=settings.learning_rate,
         weight_decay=0.0, max_grad_norm=settings.max_grad_norm, lr_scheduler_type="constant",
-        warmup_steps=0, optim="adamw_torch", use_vllm=False, bf16=False, fp16=False,
+        warmup_steps=0, optim="adamw_torch", use_vllm=False, bf16=settings.dtype == "bfloat16", fp16=False,
         gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
-        use_cpu=True, report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
+        use_cpu=settings.platform == "cpu", report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
         shuffle_dataset=False, dataloader_num_workers=0, seed=settings.seed,
-        model_init_kwargs={"dtype": torch.float32})
+        model_init_kwargs={"dtype": dtype})
 
     starts: list[tuple[float, float]] = []
 
@@ -200,7 +255,7 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
             starts.append(clock())
 
     trainer = GRPOTrainer(model=str(ckpt_dir), reward_funcs=reward_fn, args=args, train_dataset=data,
-                          processing_class=tok, callbacks=[StepClock()])
+                          processing_class=tok, callbacks=[StepClock()], peft_config=peft_config)
     startup = time.perf_counter() - t0
     trainer.train()
     out_dir.cleanup()
@@ -324,19 +379,21 @@ def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, be
     from jaxrl_hier.llm import load_pretrained
     from jaxrl_hier.llm_rl.config import GRPOConfig
     from jaxrl_hier.llm_rl.grpo import make_train
+    from jaxrl_hier.llm_rl.model_setup import build_lora
     from jaxrl_hier.tasks import Problem
 
-    lm = load_pretrained(ckpt_dir)
+    lm = load_pretrained(ckpt_dir, dtype=settings.dtype)
     tok = lm.tokenizer
     prompt_len = 1 + max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in prompts)
     config = GRPOConfig(prompts_per_step=len(prompts), num_generations=settings.num_generations,
                         max_prompt_length=prompt_len, max_new_tokens=settings.new_tokens,
                         temperature=settings.temperature, learning_rate=settings.learning_rate,
                         max_grad_norm=settings.max_grad_norm, beta=beta, loss_type="grpo", scale_rewards="group",
-                        num_iterations=1, jax_rewards=False, suppress_tokens=tuple(special_ids(tok)),
-                        seed=settings.seed, placement=placement, eval_every=0)
+                        num_iterations=1, jax_rewards=False,
+                        suppress_tokens=tuple(special_ids(tok, lm.config.vocab_size)), seed=settings.seed,
+                        placement=placement, eval_every=0, dtype=settings.dtype, lora_rank=settings.lora_rank)
     problems = [Problem(prompt=p, answer="0", target="") for p in prompts]
-    trainer = make_train(config, lm, tok, None,
+    trainer = make_train(config, lm, tok, None, lora=build_lora(config, lm),
                          reward_fn=lambda probs, texts: reward_fn([p.prompt for p in probs], texts))
     state = trainer.init(jax.random.key(settings.seed))
     startup = time.perf_counter() - t0
@@ -395,6 +452,7 @@ def run_worker(system: str, beta: float, ckpt_dir: Path, steps: int, warmup: int
         atomic_write_json(result_path, {"skipped": f"{system}: {err}"})
         return 0
     check_completions(log, settings, warmup + steps + 1)
+    rec["peak_device_mib"] = device_peak_mib(system)
     rec["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     rec["load_average_1min"] = [load_start, os.getloadavg()[0]]  # at the worker's start and end
     atomic_write_json(result_path, rec)
@@ -422,6 +480,8 @@ def merge_rounds(system: str, beta: float, rounds: list[dict], settings: Setting
     rec.update(round_median_step_s=[r["median_step_s"] for r in rounds],
                startup_s=statistics.median(r["startup_s"] for r in rounds),
                peak_rss_mib=max(r["peak_rss_mib"] for r in rounds),
+               peak_device_mib=max((r["peak_device_mib"] for r in rounds if r.get("peak_device_mib") is not None),
+                                   default=None),
                load_average_1min=[r["load_average_1min"] for r in rounds])
     if "median_stage_s" in rounds[0]:
         rec["median_stage_s"] = {k: statistics.median(r["median_stage_s"][k] for r in rounds)
@@ -455,20 +515,23 @@ def versions() -> dict:
     return out
 
 
-def worker_env(threads: int, system: str = "") -> dict:
+def worker_env(threads: int, system: str = "", platform: str = "cpu") -> dict:
     """One environment for every worker: the same thread limits for torch (OpenMP) and both JAX systems.
     OpenMP threads wait passively unless OMP_WAIT_POLICY says otherwise: on a CPU shared with other jobs,
     torch's spinning waits made generation ~10x slower (38 s instead of 3 s for 32 x 32 tokens here)."""
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
-               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+               JAX_PLATFORMS=PLATFORMS[platform], TF_CPP_MIN_LOG_LEVEL="2")
+    if platform == "gpu":  # allocate as needed, so that the allocator's peak is what the step used
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if system == "split":  # two CPU devices: one samples, one trains
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
     return env
 
 
-WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX_PLATFORMS", "XLA_FLAGS")
+WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX_PLATFORMS", "XLA_FLAGS",
+                   "XLA_PYTHON_CLIENT_PREALLOCATE")
 
 
 def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path,
@@ -476,9 +539,10 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     result_path = workdir / f"{system}-{beta}-{round_}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--beta", str(beta),
            "--ckpt", str(ckpt_dir), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--threads", str(args.threads), "--result", str(result_path)]
+           "--threads", str(args.threads), "--result", str(result_path), "--preset", args.preset,
+           "--dtype", args.dtype, "--lora-rank", str(args.lora_rank), "--platform", args.platform]
     print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running ...", flush=True)
-    proc = subprocess.run(cmd, env=worker_env(args.threads, system), cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(cmd, env=worker_env(args.threads, system, args.platform), cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")
@@ -487,22 +551,27 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
         print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
         return None
     rec = summarize(system, beta, rec, args.settings)
+    device_peak = f", device peak {rec['peak_device_mib']:.0f} MiB" if rec.get("peak_device_mib") else ""
     print(f"[round {round_ + 1}: {system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
           f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
-          f"{rec['peak_rss_mib']:.0f} MiB, start-up {rec['startup_s']:.1f}s, first step "
+          f"{rec['peak_rss_mib']:.0f} MiB{device_peak}, start-up {rec['startup_s']:.1f}s, first step "
           f"{rec['warmup_step_s'][0] if rec['warmup_step_s'] else float('nan'):.1f}s", flush=True)
     return rec
 
 
 def markdown(result: dict) -> str:
     s = result["settings"]
+    gpu = any(r.get("peak_device_mib") is not None for r in result["records"])
     lines = ["| system | beta | median step s | min s | max s | CPU s per step | completion tokens/s | peak RSS MiB | "
-             "start-up s | first step s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             + ("peak device MiB | " if gpu else "") + "start-up s | first step s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|"]
     for r in result["records"]:
         first = f"{r['warmup_step_s'][0]:.1f}" if r["warmup_step_s"] else ""
+        peak = r.get("peak_device_mib")
+        device = (f"{peak:.0f} | " if peak is not None else "- | ") if gpu else ""
         lines.append(f"| {r['system']} | {r['beta']:g} | {r['median_step_s']:.3f} | {r['min_step_s']:.3f} | "
                      f"{r['max_step_s']:.3f} | {r['median_step_cpu_s']:.3f} | {r['completion_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
-                     f"{r['startup_s']:.1f} | {first} |")
+                     f"{device}{r['startup_s']:.1f} | {first} |")
     if result.get("speedups"):
         lines += ["", "| ours vs | beta | times faster (pooled medians) | lowest round | highest round |",
                   "|---|---:|---:|---:|---:|"]
@@ -510,7 +579,8 @@ def markdown(result: dict) -> str:
                   for x in result["speedups"]]
     d = result["device"]
     lines += ["", f"{len(s['prompts'])} prompts x {s['num_generations']} generations x {s['new_tokens']} tokens per "
-              f"step, float32, {result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
+              f"step, {result['model'].get('preset', 'tiny')} model, {s.get('dtype', 'float32')}, "
+              f"{'LoRA rank ' + str(s['lora_rank']) if s.get('lora_rank') else 'full fine-tuning'}, {result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
               f"{result['warmup']} warm-up per system (the systems run in turn each round); {d['device']}, "
               f"{d['cpu_count']} CPU cores, {s['threads']} threads per system. {result['notes']}"]
     return "\n".join(lines) + "\n"
@@ -561,6 +631,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt", type=Path, default=None,
                    help="where to write the checkpoint (default: a temporary directory)")
     p.add_argument("--notes", default="", help="appended to the notes recorded in grpo.json")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny",
+                   help="the model: tiny (2.97M, the CPU comparison) or a random model shaped like a Qwen2.5 checkpoint")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning; else LoRA of this rank on q/k/v/o")
+    p.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu", help="where the workers run")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -593,7 +668,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"--out {args.out} is a file; give a directory.")
     if args.ckpt is not None and args.ckpt.exists() and not args.ckpt.is_dir():
         raise ConfigError(f"--ckpt {args.ckpt} is a file; give a directory (the checkpoint is written there).")
-    args.settings = Settings(threads=args.threads)
+    if args.lora_rank < 0:
+        raise ConfigError(f"--lora-rank must be 0 (full fine-tuning) or positive, got {args.lora_rank}.")
+    if not args.worker and "tunix" in args.systems and (args.dtype != "float32" or args.lora_rank or args.platform != "cpu"):
+        raise ConfigError("the tunix worker runs float32 full fine-tuning on the CPU only; leave tunix out of "
+                          "--systems for --dtype bfloat16, --lora-rank or --platform gpu.")
+    args.settings = Settings(threads=args.threads, preset=args.preset, dtype=args.dtype, lora_rank=args.lora_rank,
+                             platform=args.platform)
     return args
 
 
@@ -605,7 +686,7 @@ def run(args: argparse.Namespace) -> dict:
         workdir = Path(tmp)
         ckpt = args.ckpt or workdir / "ckpt"
         ckpt.mkdir(parents=True, exist_ok=True)
-        model = make_checkpoint(ckpt)  # deterministic: the same seed writes the same weights
+        model = make_checkpoint(ckpt, preset=args.preset, dtype=args.dtype)  # deterministic: same seed, same weights
         # Every round runs each (system, beta) once, the systems in an order rotated by one each round:
         # this CPU's speed drifts over minutes, and a system always run last would pay for it alone.
         runs: dict[tuple[str, float], list[dict]] = {}
@@ -621,13 +702,14 @@ def run(args: argparse.Namespace) -> dict:
     # Whether other jobs shared the CPU: the 1-minute load average when the run started and ended.
     notes = (f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; on a loaded CPU "
              "absolute times are noisy, compare systems within one run. " + args.notes).strip()
-    env = worker_env(args.threads)
+    env = worker_env(args.threads, platform=args.platform)
     return dict(device=device_info(), versions=versions(), model=model, settings=asdict(args.settings),
                 worker_env={k: env.get(k) for k in WORKER_ENV_KEYS},
                 steps=args.steps, warmup=args.warmup, rounds=args.rounds, betas=args.betas, systems=args.systems,
                 speedups=speedups(records),
                 peak_memory="worker RSS high-water mark (getrusage ru_maxrss): framework, model, optimiser, "
-                            "compiled programs", notes=notes, records=records)
+                            "compiled programs; on a GPU also peak_device_mib: the allocator's high-water mark of "
+                            "allocated bytes (JAX memory_stats peak_bytes_in_use; torch.cuda.max_memory_allocated)", notes=notes, records=records)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,3 +39,33 @@ def test_speedups_are_ratios_of_pooled_medians_with_the_per_round_range():
 def test_bad_rounds_exit_2(capsys):
     assert bench.main(["--rounds", "0", "--systems", "ours", "--out", "/nonexistent-never-written"]) == 2
     assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_preset_vocabulary_beyond_the_tokenizer_is_suppressed_and_the_config_has_the_preset_shape():
+    from jaxrl_hier.tasks.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = bench.preset_config("qwen2.5-0.5b", tok)
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (151936, 896, 24)
+    assert config.bos_token_id == tok.bos_token_id and config.tie_word_embeddings
+    tiny = bench.special_ids(tok)
+    full = bench.special_ids(tok, config.vocab_size)
+    assert max(tiny) < len(tok) and set(tiny) <= set(full)
+    # every id the tokenizer lacks is suppressed, every character it has stays sampleable
+    assert set(full) - set(tiny) == set(range(len(tok), config.vocab_size))
+
+
+def test_device_peak_column_and_run_settings_in_the_markdown():
+    rec = run_record([0.1, 0.2])
+    rec.update(peak_device_mib=4812.0, warmup_step_s=[20.0])
+    settings = bench.Settings(preset="qwen2.5-0.5b", dtype="bfloat16", lora_rank=16, platform="gpu")
+    from dataclasses import asdict
+
+    md = bench.markdown(dict(settings=asdict(settings), records=[rec], speedups=[], rounds=1, steps=2, warmup=1,
+                             device={"device": "gpu:H100", "cpu_count": 16}, notes="", model={"preset": "qwen2.5-0.5b"}))
+    assert "peak device MiB" in md and "| 4812 |" in md
+    assert "qwen2.5-0.5b model, bfloat16, LoRA rank 16" in md
+
+
+def test_tunix_refused_outside_the_float32_cpu_comparison():
+    assert bench.main(["--systems", "tunix", "--dtype", "bfloat16", "--out", "/nonexistent-never-written"]) == 2
