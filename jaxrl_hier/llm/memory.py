@@ -63,8 +63,8 @@ from jaxrl_hier.llm.model_config import ModelConfig
 __all__ = ["MeshShape", "ModelSpec", "ModelMemory", "MemoryPlan", "plan", "plan_model", "model_config_of",
            "param_shapes", "count_params", "lora_shapes", "count_lora_params", "make_optimizer", "optimizer_bytes",
            "kv_cache_bytes", "layer_activation_bytes", "activation_bytes", "dtype_bytes", "tree_nbytes", "tree_size",
-           "compiled_step_memory", "llama_3_2_3b", "roberta_base", "archer_head_params", "original_setup",
-           "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
+           "compiled_step_memory", "training_step", "measured_layout_peak", "llama_3_2_3b", "roberta_base",
+           "archer_head_params", "original_setup", "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
 
 GIB = 1024**3
 #: I-wide values the activation function's gradient keeps beyond its input and output: silu its
@@ -486,6 +486,65 @@ def plan(specs: Sequence[ModelSpec], mesh: MeshShape | Mapping[str, int] | None 
 # ----------------------------------------------------------------------------- the measured step
 
 
+def _step_functions(cfg: ModelConfig, params: Any, logits_chunk: int = 128) -> tuple[Any, Any]:
+    """(score, loss) of the training step, each `f(params, lora, input_ids, attention_mask)`.
+
+    Decoder: score = `jaxrl_hier.llm.token_logprobs` [B, T-1] (`logits_chunk` positions of logits at
+    a time), loss = minus its mean. Encoder (RoBERTa): score = the value head (`params["value_head"]`)
+    at the first token's hidden state [B], loss = the mean of its square (a critic's regression).
+    `params` (arrays or ShapeDtypeStructs) only names the decoder's weight dtype."""
+    import jax.numpy as jnp
+
+    from jaxrl_hier.llm import encoder
+    from jaxrl_hier.llm.heads import value_head_apply
+    from jaxrl_hier.llm.models import LanguageModel
+    from jaxrl_hier.llm.sampling import token_logprobs
+
+    if not cfg.is_decoder:
+        def score(p: Any, lora: Any, input_ids: Any, mask: Any) -> Any:
+            hidden, _ = encoder.forward(cfg, p, input_ids, mask, lora=lora)
+            return value_head_apply(p["value_head"], hidden[:, 0])
+
+        def loss(p: Any, lora: Any, input_ids: Any, mask: Any) -> Any:
+            return jnp.mean(score(p, lora, input_ids, mask) ** 2)
+    else:
+        lm = LanguageModel(cfg, params)
+
+        def score(p: Any, lora: Any, input_ids: Any, mask: Any) -> Any:
+            return token_logprobs(lm, p, input_ids, mask, lora, chunk_size=logits_chunk)
+
+        def loss(p: Any, lora: Any, input_ids: Any, mask: Any) -> Any:
+            return -jnp.mean(score(p, lora, input_ids, mask))
+    return score, loss
+
+
+def training_step(config: Any, batch: int, seq_len: int, dtype: Any = "float32", *, lora_rank: int = 0,
+                  lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
+                  logits_chunk: int = 128) -> tuple[Any, tuple]:
+    """The real training step and its argument shapes: `(fn, (params, adapters, input_ids, mask))`.
+
+    `fn(params, adapters, input_ids, attention_mask) -> (loss, grads)` is `jax.value_and_grad` of the
+    loss of `_step_functions`: a decoder's minus mean `token_logprobs`, an encoder's squared value
+    head at the first token. Gradients are with respect to the LoRA adapters (`lora_rank > 0`, the
+    frozen backbone an argument) or to all weights (`lora_rank=0`, adapters None). The shapes are
+    ShapeDtypeStructs: a decoder's weights with its LM head, an encoder's (no pooler) with a float32
+    value head, float32 adapters (`init_lora`), int32 [batch, seq_len] ids and mask.
+    `compiled_step_memory` compiles it; `measured_layout_peak` runs it on real arrays."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_hier.llm.lora import LoraConfig, init_lora
+
+    cfg = model_config_of(config)
+    ids = jax.ShapeDtypeStruct((int(batch), int(seq_len)), jnp.int32)
+    lora_config = LoraConfig(rank=max(int(lora_rank), 1), target_modules=tuple(lora_targets))
+    adapters = _eval_shape(lambda k: init_lora(cfg, lora_config, k)) if lora_rank > 0 else None
+    params = param_shapes(cfg, dtype, "lm" if cfg.is_decoder else "value")
+    _, loss = _step_functions(cfg, params, logits_chunk)
+    fn = jax.value_and_grad(loss, argnums=1 if adapters is not None else 0)
+    return fn, (params, adapters, ids, ids)
+
+
 def compiled_step_memory(config: Any, batch: int, seq_len: int, dtype: Any = "float32", *, lora_rank: int = 0,
                          lora_targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
                          logits_chunk: int = 128) -> dict[str, int]:
@@ -495,42 +554,278 @@ def compiled_step_memory(config: Any, batch: int, seq_len: int, dtype: Any = "fl
     `jaxrl_hier.llm.token_logprobs` over a [batch, seq_len] batch), with respect to LoRA adapters
     (`lora_rank > 0`, the frozen backbone an argument) or to all weights (`lora_rank=0`).
     Encoder (RoBERTa): the same for a squared value-head output read at the first token, all weights
-    and the head trained (a critic's regression step). Arguments are ShapeDtypeStructs, so a model
-    of any size compiles without being allocated. Returns temp (XLA's scratch beyond arguments and
-    outputs, i.e. what the step keeps: the activations), argument and output bytes.
+    and the head trained (a critic's regression step). The step is `training_step`'s; its arguments
+    are ShapeDtypeStructs, so a model of any size compiles without being allocated. Returns temp
+    (XLA's scratch beyond arguments and outputs, i.e. what the step keeps: the activations), argument
+    and output bytes.
     """
     import jax
-    import jax.numpy as jnp
 
-    from jaxrl_hier.llm import encoder
-    from jaxrl_hier.llm.heads import value_head_apply
-    from jaxrl_hier.llm.lora import Lora, LoraConfig, init_lora
-    from jaxrl_hier.llm.models import LanguageModel
-    from jaxrl_hier.llm.sampling import token_logprobs
-
-    cfg = model_config_of(config)
-    ids = jax.ShapeDtypeStruct((int(batch), int(seq_len)), jnp.int32)
-    lora_config = LoraConfig(rank=max(int(lora_rank), 1), target_modules=tuple(lora_targets))
-    adapters = _eval_shape(lambda k: init_lora(cfg, lora_config, k)) if lora_rank > 0 else None
-    if not cfg.is_decoder:
-        params = param_shapes(cfg, dtype, "value")
-
-        def critic_loss(p: Any, lora: Lora | None, input_ids: Any, mask: Any) -> Any:
-            hidden, _ = encoder.forward(cfg, p, input_ids, mask, lora=lora)
-            return jnp.mean(value_head_apply(p["value_head"], hidden[:, 0]) ** 2)
-
-        fn, args = jax.value_and_grad(critic_loss, argnums=1 if adapters else 0), (params, adapters, ids, ids)
-    else:
-        params = param_shapes(cfg, dtype, "lm")
-        lm = LanguageModel(cfg, params)
-
-        def actor_loss(p: Any, lora: Lora | None, input_ids: Any, mask: Any) -> Any:
-            return -jnp.mean(token_logprobs(lm, p, input_ids, mask, lora, chunk_size=logits_chunk))
-
-        fn, args = jax.value_and_grad(actor_loss, argnums=1 if adapters else 0), (params, adapters, ids, ids)
+    fn, args = training_step(config, batch, seq_len, dtype, lora_rank=lora_rank, lora_targets=lora_targets,
+                             logits_chunk=logits_chunk)
     stats = jax.jit(fn).lower(*args).compile().memory_analysis()
     return {"temp_bytes": int(stats.temp_size_in_bytes), "argument_bytes": int(stats.argument_size_in_bytes),
             "output_bytes": int(stats.output_size_in_bytes)}
+
+
+def _layout_specs(llm: Any = None, critic: Any = None, *, batch: int = 16, seq_len: int = 512,
+                  critic_batch: int = 64, micro_batch: int = 4, lora_rank: int = 16) -> list[ModelSpec]:
+    """`original_setup`'s "ours" specs with other models or sizes (the defaults give them unchanged):
+    LLM rows `batch` x `seq_len` in micro-batches of `micro_batch` (the actor's KV cache `seq_len`
+    slots), critic `critic_batch` sequences in micro-batches of 2 * `micro_batch`, ArCHer's heads
+    sized for the critic's hidden width."""
+    import dataclasses
+
+    if min(batch, seq_len, critic_batch, micro_batch, lora_rank) < 1:
+        raise ConfigError("batch, seq_len, critic_batch, micro_batch and lora_rank must be >= 1.")
+    micro = min(int(micro_batch), int(batch))
+    out = []
+    for spec in original_setup(micro_batch, lora_rank)[1]:
+        if model_config_of(spec.config).is_decoder:
+            kw: dict[str, Any] = dict(config=model_config_of(llm if llm is not None else spec.config),
+                                      batch=int(batch), seq_len=int(seq_len), micro_batch=micro)
+            if spec.kv_cache_len:
+                kw["kv_cache_len"] = int(seq_len)
+        else:
+            enc = model_config_of(critic if critic is not None else spec.config)
+            kw = dict(config=enc, batch=int(critic_batch), seq_len=int(seq_len),
+                      micro_batch=min(2 * micro, int(critic_batch)), head_params=archer_head_params(enc.hidden_size))
+        out.append(dataclasses.replace(spec, **kw))
+    return out
+
+
+def _memory_stats(device: Any) -> dict[str, int | None]:
+    """bytes_in_use and peak_bytes_in_use of the device's allocator (None where the backend has none,
+    e.g. XLA:CPU)."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 (a backend without allocator statistics)
+        stats = None
+    stats = stats or {}
+    return {k: (int(stats[k]) if k in stats else None) for k in ("bytes_in_use", "peak_bytes_in_use")}
+
+
+def _analysis(compiled: Any) -> dict[str, int | None]:
+    """XLA's memory_analysis() of a compiled program (None where the backend gives none)."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001
+        stats = None
+    names = {"temp_bytes": "temp_size_in_bytes", "argument_bytes": "argument_size_in_bytes",
+             "output_bytes": "output_size_in_bytes", "alias_bytes": "alias_size_in_bytes"}
+    return {k: (None if stats is None or getattr(stats, a, None) is None else int(getattr(stats, a)))
+            for k, a in names.items()}
+
+
+def measured_layout_peak(llm: Any = None, critic: Any = None, *, batch: int = 16, seq_len: int = 512,
+                         critic_batch: int = 64, micro_batch: int = 4, lora_rank: int = 16, tau: float = 0.1,
+                         seed: int = 0, log: Any = None) -> dict[str, Any]:
+    """RUN our layout of `original_setup` (table (b)) on the default device and measure its memory.
+
+    The defaults are the original set-up: the Llama-3.2-3B-shaped bfloat16 backbone (`llama_3_2_3b`),
+    batch 16 x 512 tokens, micro-batch 4, LoRA rank 16 on all seven projections, the float32
+    RoBERTa-base critic (`roberta_base`); `llm`, `critic` (ModelConfigs) and the sizes replace them
+    (tests run tiny ones). Random arrays are made with the project's own init functions and held for
+    the whole run, as the plan holds them: the backbone (`decoder.init_params`), the actor's and the
+    guidance's adapters (`init_lora`) each with `make_optimizer()`'s state, the critic (encoder
+    weights, a value head, and a float32 vector standing in for the rest of ArCHer's head
+    parameters, so that the critic holds the plan's `head_params`), its AdamW state and its target
+    copy, and the actor's KV cache (`decoder.init_cache`, batch x seq_len slots). So the arrays' bytes
+    equal the plan's held bytes exactly.
+
+    Phases, each a jitted program compiled first (before anything is allocated, from the arrays'
+    shapes), then run once in this order and blocked on: "actor" (`training_step` on one micro-batch
+    of micro_batch x seq_len tokens + the optimiser update of the actor's adapters, old adapters and
+    state donated), "reference" (token log-probs with the adapters off, no gradient), "guidance" (as
+    the actor, its own adapters), "critic" (the encoder's `training_step` on 2 * micro_batch
+    sequences + the update of all its weights), "target critic" (the target's values on the same
+    sequences, no gradient), "polyak" (`optax.incremental_update` of the target, step `tau`).
+
+    After each, `jax.devices()[0].memory_stats()`'s bytes_in_use and peak_bytes_in_use (the peak is
+    cumulative since the process started; both None on a backend without allocator statistics such
+    as XLA:CPU). Returns a dict: the set-up, the held bytes (of the arrays, and measured), each
+    phase's loss, update norm, compile and run seconds, `compiled.memory_analysis()` figures and
+    memory after it, the overall measured peak, the plan's figures for the same specs (`plan`) and
+    the ratios measured / plan. `log(str)`, if given, reports progress.
+    """
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from jaxrl_hier.llm import decoder, encoder
+    from jaxrl_hier.llm.heads import value_head_init
+    from jaxrl_hier.llm.lora import LoraConfig, init_lora
+
+    say = log or (lambda msg: None)
+    specs = _layout_specs(llm, critic, batch=batch, seq_len=seq_len, critic_batch=critic_batch,
+                          micro_batch=micro_batch, lora_rank=lora_rank)
+    the_plan = plan(specs, capacity_gib=ORIGINAL_CAPACITY_GIB,
+                    title="(b) ours: one frozen backbone, LoRA actor and guidance, reference = adapters off")
+    roles = {s.role: s for s in specs}
+    actor, guidance, crit = roles["actor+backbone"], roles["guidance"], roles["critic"]
+    lm_cfg, enc_cfg = model_config_of(actor.config), model_config_of(crit.config)
+    if seq_len + enc_cfg.pad_token_id + 1 > enc_cfg.max_position_embeddings:
+        raise ConfigError(f"seq_len {seq_len} does not fit the critic's {enc_cfg.max_position_embeddings} positions.")
+    lm_micro, enc_micro = actor.micro_batch or actor.batch, crit.micro_batch or crit.batch
+    rest_heads = max(crit.head_params - (enc_cfg.hidden_size + 1), 0)
+    device = jax.devices()[0]
+    opt = make_optimizer()
+
+    def lora_config(spec: ModelSpec) -> Any:
+        return LoraConfig(rank=spec.lora_rank, target_modules=tuple(spec.lora_targets),
+                          dtype=str(dtype_of(spec.lora_dtype)))
+
+    def allocate(key: Any) -> dict[str, Any]:
+        ks = jax.random.split(key, 8)
+        actor_lora = init_lora(lm_cfg, lora_config(actor), ks[1])
+        guidance_lora = init_lora(lm_cfg, lora_config(guidance), ks[2])
+        critic_params = dict(encoder.init_params(enc_cfg, ks[3], dtype_of(crit.dtype), pooler=crit.pooler))
+        critic_params["value_head"] = value_head_init(ks[4], enc_cfg.hidden_size)
+        critic_params["archer_heads"] = 0.02 * jax.random.normal(ks[5], (rest_heads,), jnp.float32)
+        return {
+            "backbone": decoder.init_params(lm_cfg, ks[0], dtype_of(actor.dtype)),
+            "actor": actor_lora, "actor_opt": opt.init(actor_lora),
+            "guidance": guidance_lora, "guidance_opt": opt.init(guidance_lora),
+            "critic": critic_params, "critic_opt": opt.init(critic_params),
+            "target_critic": jax.tree_util.tree_map(jnp.copy, critic_params),
+            "kv_cache": decoder.init_cache(lm_cfg, actor.batch, actor.kv_cache_len, dtype_of(actor.dtype)),
+        }
+
+    def inputs(key: Any) -> dict[str, Any]:
+        k1, k2 = jax.random.split(key)
+        return {"lm_ids": jax.random.randint(k1, (lm_micro, seq_len), 0, lm_cfg.vocab_size, jnp.int32),
+                "lm_mask": jnp.ones((lm_micro, seq_len), jnp.int32),
+                "enc_ids": jax.random.randint(k2, (enc_micro, seq_len), 0, enc_cfg.vocab_size, jnp.int32),
+                "enc_mask": jnp.ones((enc_micro, seq_len), jnp.int32)}
+
+    # the programs: the training steps are `training_step`'s, the forwards its score functions
+    def adapter_step(spec: ModelSpec) -> Any:
+        step, (shapes, *_) = training_step(lm_cfg, lm_micro, seq_len, spec.dtype, lora_rank=spec.lora_rank,
+                                           lora_targets=spec.lora_targets, logits_chunk=spec.logits_chunk)
+
+        def run(params: Any, lora: Any, opt_state: Any, ids: Any, mask: Any) -> Any:
+            loss, grads = step(params, lora, ids, mask)
+            updates, opt_state = opt.update(grads, opt_state, lora)
+            return loss, optax.tree.norm(updates), optax.apply_updates(lora, updates), opt_state
+
+        return jax.jit(run, donate_argnums=(1, 2))
+
+    critic_loss_step, _ = training_step(enc_cfg, enc_micro, seq_len, crit.dtype, logits_chunk=crit.logits_chunk)
+
+    def critic_run(params: Any, opt_state: Any, ids: Any, mask: Any) -> Any:
+        loss, grads = critic_loss_step(params, None, ids, mask)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return loss, optax.tree.norm(updates), optax.apply_updates(params, updates), opt_state
+
+    lm_score, _ = _step_functions(lm_cfg, param_shapes(lm_cfg, actor.dtype, "lm"), actor.logits_chunk)
+    enc_score, _ = _step_functions(enc_cfg, None)
+    key = jax.random.key(seed)
+    k_state, k_inputs = jax.random.split(key)
+    s, x = jax.eval_shape(allocate, k_state), jax.eval_shape(inputs, k_inputs)
+    actor_prog = adapter_step(actor)
+    same = all(getattr(actor, f) == getattr(guidance, f) for f in ("lora_rank", "lora_targets", "lora_dtype",
+                                                                   "logits_chunk", "dtype"))
+    programs = [  # (name, plan phase, jitted, argument shapes)
+        ("actor", actor.phase, actor_prog, (s["backbone"], s["actor"], s["actor_opt"], x["lm_ids"], x["lm_mask"])),
+        ("reference", roles["reference"].phase, jax.jit(lambda p, ids, m: lm_score(p, None, ids, m)),
+         (s["backbone"], x["lm_ids"], x["lm_mask"])),
+        ("guidance", guidance.phase, actor_prog if same else adapter_step(guidance),
+         (s["backbone"], s["guidance"], s["guidance_opt"], x["lm_ids"], x["lm_mask"])),
+        ("critic", crit.phase, jax.jit(critic_run, donate_argnums=(0, 1)),
+         (s["critic"], s["critic_opt"], x["enc_ids"], x["enc_mask"])),
+        ("target critic", roles["target critic"].phase, jax.jit(lambda p, ids, m: enc_score(p, None, ids, m)),
+         (s["target_critic"], x["enc_ids"], x["enc_mask"])),
+        ("polyak", None, jax.jit(lambda new, old: optax.incremental_update(new, old, tau), donate_argnums=(1,)),
+         (s["critic"], s["target_critic"])),
+    ]
+    baseline = _memory_stats(device)
+    compiled: dict[str, Any] = {}
+    records: dict[str, dict[str, Any]] = {}
+    for name, phase, fn, shapes in programs:
+        t0 = time.perf_counter()
+        compiled[name] = fn.lower(*shapes).compile()
+        records[name] = {"name": name, "plan_phase": phase, "compile_s": time.perf_counter() - t0,
+                         "compiled": _analysis(compiled[name])}
+        say(f"compiled {name} in {records[name]['compile_s']:.1f} s")
+    after_compile = _memory_stats(device)
+
+    t0 = time.perf_counter()
+    state = jax.block_until_ready(allocate(k_state))
+    data = jax.block_until_ready(inputs(k_inputs))
+    alloc_s = time.perf_counter() - t0
+    after_alloc = _memory_stats(device)
+    arrays = {name: tree_nbytes(tree) for name, tree in state.items()}
+    say(f"allocated {sum(arrays.values()) / GIB:.3f} GiB of arrays in {alloc_s:.1f} s "
+        f"(bytes_in_use {after_alloc['bytes_in_use']})")
+
+    def run(name: str, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(compiled[name](*args))
+        rec = records[name]
+        rec["run_s"] = time.perf_counter() - t0
+        rec.update(_memory_stats(device))
+        say(f"ran {name} in {rec['run_s']:.2f} s: bytes_in_use {rec['bytes_in_use']}, "
+            f"peak_bytes_in_use {rec['peak_bytes_in_use']}")
+        return out
+
+    def adapter_phase(name: str) -> None:
+        loss, norm, state[name], state[f"{name}_opt"] = run(name, state["backbone"], state[name], state[f"{name}_opt"],
+                                                            data["lm_ids"], data["lm_mask"])
+        records[name].update(loss=float(loss), update_norm=float(norm))
+
+    adapter_phase("actor")
+    ref = run("reference", state["backbone"], data["lm_ids"], data["lm_mask"])
+    records["reference"].update(loss=-float(jnp.mean(ref)))
+    del ref
+    adapter_phase("guidance")
+    loss, norm, state["critic"], state["critic_opt"] = run("critic", state["critic"], state["critic_opt"],
+                                                           data["enc_ids"], data["enc_mask"])
+    records["critic"].update(loss=float(loss), update_norm=float(norm))
+    values = run("target critic", state["target_critic"], data["enc_ids"], data["enc_mask"])
+    records["target critic"].update(loss=float(jnp.mean(values ** 2)))
+    del values
+    before = np.asarray(state["target_critic"]["value_head"]["kernel"])  # a host copy: the old target is donated
+    state["target_critic"] = run("polyak", state["critic"], state["target_critic"])
+    change = np.abs(np.asarray(state["target_critic"]["value_head"]["kernel"]) - before)
+    records["polyak"].update(target_change=float(change.max()))
+
+    phases = [records[name] for name, *_ in programs]
+    peaks = [r["peak_bytes_in_use"] for r in phases if r["peak_bytes_in_use"] is not None]
+    peak = max(peaks) if peaks else None
+    held_measured = (None if after_alloc["bytes_in_use"] is None
+                     else after_alloc["bytes_in_use"] - (baseline["bytes_in_use"] or 0))
+    plan_held, plan_phases = the_plan.column("held"), the_plan.phases()
+    transient = None if peak is None or after_alloc["bytes_in_use"] is None else peak - after_alloc["bytes_in_use"]
+    ratio = lambda a, b: None if a is None or not b else a / b  # noqa: E731
+    return {
+        "setup": {"llm": lm_cfg.model_type, "llm_layers": lm_cfg.num_layers, "llm_hidden": lm_cfg.hidden_size,
+                  "llm_vocab": lm_cfg.vocab_size, "llm_dtype": actor.dtype, "critic": enc_cfg.model_type,
+                  "critic_layers": enc_cfg.num_layers, "critic_hidden": enc_cfg.hidden_size,
+                  "critic_dtype": crit.dtype, "batch": actor.batch, "seq_len": seq_len, "micro_batch": lm_micro,
+                  "critic_batch": crit.batch, "critic_micro_batch": enc_micro, "lora_rank": actor.lora_rank,
+                  "lora_targets": list(actor.lora_targets), "kv_cache_len": actor.kv_cache_len,
+                  "critic_head_params": crit.head_params, "tau": tau, "seed": seed},
+        "device": f"{device.platform}:{device.device_kind}",
+        "memory_stats_available": baseline["peak_bytes_in_use"] is not None,
+        "baseline": baseline, "after_compile": after_compile,
+        "held": {"arrays": arrays, "array_bytes": sum(arrays.values()), "measured_bytes": held_measured,
+                 **after_alloc, "alloc_s": alloc_s, "plan_bytes": plan_held},
+        "phases": phases,
+        "peak_bytes": peak,
+        "largest_transient_bytes": transient,
+        "fits_original_capacity": None if peak is None else peak <= int(ORIGINAL_CAPACITY_GIB * GIB),
+        "plan": {"peak_bytes": the_plan.peak, "held_bytes": plan_held, "phases": plan_phases,
+                 "peak_phase": the_plan.peak_phase, "largest_phase_bytes": the_plan.peak - plan_held,
+                 "sum_bytes": the_plan.total, "capacity_bytes": the_plan.capacity_bytes, "fits": the_plan.fits,
+                 "rows": [{"role": m.role, "phase": m.phase, "held": m.held, "transient": m.transient}
+                          for m in the_plan.models],
+                 "table": the_plan.table()},
+        "ratio_peak_measured_over_plan": ratio(peak, the_plan.peak),
+        "ratio_held_measured_over_plan": ratio(held_measured, plan_held),
+        "ratio_transient_measured_over_plan": ratio(transient, the_plan.peak - plan_held),
+    }
 
 
 # ----------------------------------------------------------------------------- the case that ran out
