@@ -223,6 +223,7 @@ def main(argv=None) -> int:
                         help="env steps run (untimed) before the vectorized timing, so that episodes end at the "
                              "policy's stationary rate (Craftax random policy: ~400)")
     parser.add_argument("--modes", nargs="*", default=None, help="override the reset schemes swept")
+    parser.add_argument("--ppo-num-envs", type=int, nargs="*", default=None, help="override the PPO num_envs sweep")
     args = parser.parse_args(argv)
 
     gpu = jax.devices()[0].platform != "cpu"
@@ -236,6 +237,7 @@ def main(argv=None) -> int:
         modes = args.modes or ["none", "auto", "optimistic", "pool"]
         seq_steps, steps = 1000, args.steps or 64
         ppo_sweep = [256, 1024, 4096] if gpu else [256, 1024]
+    ppo_sweep = args.ppo_num_envs or ppo_sweep
     info = device_info()
     records: list[dict] = []
     if args.append and (args.out / "fps.json").exists():
