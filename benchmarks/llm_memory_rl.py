@@ -4,7 +4,10 @@ Both programs are `jax.value_and_grad` of the sum of the log-probs of a [B, T] b
 random tiny-width decoder with a large vocabulary (where the logits dominate memory):
 * full: the old way, forward -> [B, T, V] float32 logits -> log_softmax -> gather;
 * chunked: `jaxrl_hier.llm.token_logprobs` (the vocabulary projection, log_softmax and gather per
-  `chunk_size` positions, rematerialised in the backward pass).
+  `chunk_size` positions, rematerialised in the backward pass; a chunk whose [rows, positions, V]
+  logits would pass `sampling.MAX_CHUNK_LOGITS` is split over rows too);
+* chunked_all_rows: the same with that row split turned off (every chunk over the whole batch, as
+  before it existed).
 Nothing runs: each program is lowered and compiled, and XLA's `compiled.memory_analysis()` gives
 the bytes (temp = XLA's scratch buffers, the peak working set beyond arguments and outputs).
 
@@ -23,7 +26,7 @@ import numpy as np
 
 from jaxrl_hier.bench import device_info
 from jaxrl_hier.io import atomic_write_json
-from jaxrl_hier.llm import LanguageModel
+from jaxrl_hier.llm import LanguageModel, sampling
 from jaxrl_hier.llm.sampling import token_logprobs
 
 FIELDS = ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes",
@@ -56,6 +59,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--chunk-size", type=int, default=128)
     ap.add_argument("--out", default="benchmarks/results/cpu")
+    ap.add_argument("--name", default="llm_memory_rl", help="the JSON's file name (without .json)")
     args = ap.parse_args()
     import transformers
 
@@ -74,22 +78,27 @@ def main() -> None:
 
     records = {"full": analyse(jax.value_and_grad(loss_full), lm.params),
                "chunked": analyse(jax.value_and_grad(loss_chunked), lm.params)}
+    budget, sampling.MAX_CHUNK_LOGITS = sampling.MAX_CHUNK_LOGITS, 2**62  # the row split off, for comparison
+    try:
+        records["chunked_all_rows"] = analyse(jax.value_and_grad(loss_chunked), lm.params)
+    finally:
+        sampling.MAX_CHUNK_LOGITS = budget
     logits_bytes = args.batch * (args.seq - 1) * args.vocab * 4
     print(f"B={args.batch} T={args.seq} V={args.vocab} H={args.hidden} chunk={args.chunk_size}; "
           f"one [B, T-1, V] float32 array = {logits_bytes / 2**20:,.0f} MiB")
     for name, r in records.items():
-        print(f"{name:>8}: temp {r['temp_size_in_bytes'] / 2**20:9,.1f} MiB   args "
+        print(f"{name:>16}: temp {r['temp_size_in_bytes'] / 2**20:9,.1f} MiB   args "
               f"{r['argument_size_in_bytes'] / 2**20:7,.1f} MiB   out {r['output_size_in_bytes'] / 2**20:7,.1f} MiB")
     ratio = records["full"]["temp_size_in_bytes"] / max(records["chunked"]["temp_size_in_bytes"], 1)
     print(f"temp ratio full / chunked: {ratio:.1f}x")
     result = {"benchmark": "llm_memory_rl", **device_info(), "batch": args.batch, "seq": args.seq,
               "vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "chunk_size": args.chunk_size,
               "num_params": lm.num_params(), "logits_bytes": logits_bytes, "records": records,
-              "temp_ratio_full_over_chunked": ratio}
+              "max_chunk_logits": sampling.MAX_CHUNK_LOGITS, "temp_ratio_full_over_chunked": ratio}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "llm_memory_rl.json", result)
-    print(f"wrote {out / 'llm_memory_rl.json'}")
+    atomic_write_json(out / f"{args.name}.json", result)
+    print(f"wrote {out / (args.name + '.json')}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ Where each figure comes from:
     L * B * T * H plus one layer recomputed); a forward-only model keeps one layer at a time;
   - embeddings and final norm: 2 B * T * H values;
   - LM logits in float32 ([B, c, V] with c = min(logits_chunk, T - 1) positions at a time as
-    `jaxrl_hier.llm.token_logprobs` scores them, or [B, T, V] with `logits_chunk=0`, the full logits
+    `jaxrl_hier.llm.token_logprobs` scores them, fewer rows than B where that would pass
+    `sampling.MAX_CHUNK_LOGITS` values, or [B, T, V] with `logits_chunk=0`, the full logits
     transformers computes): 3 copies when training (logits, log-probs, their gradient; 4 for full
     logits, where the softmax of the backward pass is a fourth), 2 for a forward.
   docs/llm_memory.md compares this estimate with XLA's `compiled.memory_analysis()` of the real
@@ -389,9 +390,13 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
     training = spec.train != "frozen"
     logits = 0
     if head == "lm":
+        from jaxrl_hier.llm.sampling import MAX_CHUNK_LOGITS
+
         positions = seq if spec.logits_chunk <= 0 else min(spec.logits_chunk, max(seq - 1, 1))
+        # token_logprobs splits a chunk over rows too where it would pass MAX_CHUNK_LOGITS values
+        rows = batch if spec.logits_chunk <= 0 else max(1, min(batch, MAX_CHUNK_LOGITS // (positions * cfg.vocab_size)))
         copies = (4 if spec.logits_chunk <= 0 else 3) if training else 2
-        logits = copies * batch * positions * cfg.vocab_size * 4
+        logits = copies * rows * positions * cfg.vocab_size * 4
     edges = 2 * batch * seq * cfg.hidden_size * act
     if not training:
         return layer + logits + edges

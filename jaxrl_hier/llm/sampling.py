@@ -354,6 +354,10 @@ def generate(lm: Any, params: Any, input_ids: Any, attention_mask: Any, *, key: 
 # ----------------------------------------------------------------------------- scoring
 
 DEFAULT_CHUNK_SIZE = 128
+#: the most [rows, positions, vocab] logits one chunk may hold: 2**26 float32 values (256 MiB). A chunk of
+#: `chunk_size` positions over the whole batch that would hold more is split over rows as well (at batch 64
+#: and a 152k vocabulary one 128-position chunk is 1.2e9 values, 5 GB).
+MAX_CHUNK_LOGITS = 2**26
 
 
 def _check_chunk_size(chunk_size: Any) -> None:
@@ -365,13 +369,18 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
                     top_k: int | None, top_p: Any, suppress: tuple[int, ...], chunk_size: int, want_entropy: bool
                     ) -> tuple[jax.Array, jax.Array | None]:
     """Log-prob of each target and entropy per position from hidden [B, N, H], `chunk_size`
-    positions at a time: only one chunk's [B, chunk, V] float32 logits exist at once, and the
-    backward pass recomputes them chunk by chunk (jax.checkpoint)."""
+    positions at a time: only one chunk's [rows, chunk, V] float32 logits exist at once, and the
+    backward pass recomputes them chunk by chunk (jax.checkpoint). A chunk covers every row unless
+    that would exceed MAX_CHUNK_LOGITS values; then the rows are split into blocks too."""
     b, n, h = hidden.shape
     if n == 0:  # a one-token sequence has nothing to score
         empty = jnp.zeros((b, 0), jnp.float32)
         return empty, (empty if want_entropy else None)
     chunk = min(int(chunk_size), n)
+    rows = max(1, min(b, MAX_CHUNK_LOGITS // (chunk * int(lm.config.vocab_size))))
+    if rows < b:
+        return _row_blocks(lm, params, hidden, targets, plain, temperature, top_k, top_p, suppress, chunk, rows,
+                           want_entropy)
     pad = -n % chunk
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
@@ -388,6 +397,25 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
     picked, entropy = jax.lax.map(lambda xs: score(params, temperature, top_p, *xs), (hs, ts))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n + pad)[:, :n]  # noqa: E731
     return unchunk(picked), (unchunk(entropy) if want_entropy else None)
+
+
+def _row_blocks(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array, plain: bool, temperature: Any,
+                top_k: int | None, top_p: Any, suppress: tuple[int, ...], chunk: int, rows: int, want_entropy: bool
+                ) -> tuple[jax.Array, jax.Array | None]:
+    """`_chunked_scores` over blocks of `rows` rows, one block after another (the batch padded to a
+    multiple of `rows`): each block's chunks hold at most MAX_CHUNK_LOGITS logits."""
+    b, n, h = hidden.shape
+    pad = -b % rows
+    hidden = jnp.pad(hidden, ((0, pad), (0, 0), (0, 0))).reshape(-1, rows, n, h)
+    targets = jnp.pad(targets, ((0, pad), (0, 0))).reshape(-1, rows, n)
+
+    def block(xs):
+        return _chunked_scores(lm, params, xs[0], xs[1], plain, temperature, top_k, top_p, suppress, chunk,
+                               want_entropy)
+
+    picked, entropy = jax.lax.map(block, (hidden, targets))
+    merge = lambda x: x.reshape(b + pad, n)[:b]  # noqa: E731
+    return merge(picked), (merge(entropy) if want_entropy else None)
 
 
 def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, lora: Any,
@@ -432,7 +460,8 @@ def token_logprobs(lm: Any, params: Any, input_ids: Any, attention_mask: Any, lo
     (0 where the entry is 0).
 
     The vocabulary projection runs over `chunk_size` positions at a time (rematerialised in the
-    backward pass), so [B, T, V] float32 logits never exist at once. Differentiable in params and
+    backward pass), so [B, T, V] float32 logits never exist at once; where one chunk over the whole
+    batch would pass MAX_CHUNK_LOGITS values, over blocks of rows as well. Differentiable in params and
     lora; call it inside your own jit (it is traced, not jitted here).
     """
     _check_chunk_size(chunk_size)

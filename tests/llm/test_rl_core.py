@@ -102,6 +102,30 @@ def test_chunked_scores_equal_full_logits_with_gradients_and_entropy(lm):
     assert max(float(jnp.abs(g).max()) for g in jax.tree_util.tree_leaves(g_c)) > 0
 
 
+def test_chunks_over_the_logit_budget_split_the_rows_with_the_same_values_and_gradients(lm, monkeypatch):
+    """A chunk whose [rows, positions, vocab] logits would pass MAX_CHUNK_LOGITS is scored in blocks of
+    rows (3 rows -> blocks of 2, the last padded): the same log-probs, entropies and gradients."""
+    ids = np.concatenate([IDS, IDS[:1, ::-1]], 0)
+    mask = np.concatenate([MASK, np.ones_like(MASK[:1])], 0)
+
+    def grads():
+        def f(params):
+            lp, ent = token_logprobs(lm, params, ids, mask, temperature=0.8, top_p=0.9, chunk_size=4,
+                                     return_entropy=True)
+            return jnp.sum(jnp.where(jnp.isfinite(lp), lp, 0)), (lp, ent)
+        return jax.jit(jax.grad(f, has_aux=True))(lm.params)
+
+    whole = grads()
+    monkeypatch.setattr(sampling, "MAX_CHUNK_LOGITS", 2 * 4 * V)  # two rows of a 4-position chunk
+    calls = []
+    real = sampling._row_blocks
+    monkeypatch.setattr(sampling, "_row_blocks", lambda *a: calls.append(a[-2]) or real(*a))
+    blocked = grads()
+    assert calls == [2]  # the row-block path ran, with blocks of 2 rows
+    for a, b in zip(jax.tree_util.tree_leaves(whole), jax.tree_util.tree_leaves(blocked)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+
+
 def test_remat_gives_the_same_gradients_with_less_compiled_memory(lm):
     """`with_remat(True)` shares the arrays, recomputes each layer in the backward pass (the same
     log-probs and gradients) and keeps only layer inputs: XLA's temporary memory for the gradient
