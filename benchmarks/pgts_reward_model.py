@@ -5,7 +5,8 @@
 Loads a finished PGTS run's generator (RUN/sft/model, RUN/config.yaml), samples `rm_samples` solutions per
 training problem with it for each `--problems` count (and the held-out paths of the config), labels the
 partial paths by final-answer correctness as the pipeline's reward-model stage does
-(`search.reward_model.sample_path_data`), and trains a fresh reward model (the generator's copy plus a
+(`search.reward_model.sample_path_data`; `--labels steps`: each prefix by whether all its steps are
+right, the pipeline's `rm_labels: steps`), and trains a fresh reward model (the generator's copy plus a
 one-logit head) for each `steps:learning_rate` setting. Writes DIR/pgts_reward_model.json: per run the
 data size, the final training loss (mean of the last 50 steps), held-out accuracy, AUC and BCE, on all
 partial paths and on complete paths, and the seconds it took.
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True, help="a finished pgts run (sft/ and config.yaml)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--problems", type=int, nargs="+", default=[512, 4096], help="training problems sampled")
+    parser.add_argument("--labels", nargs="+", choices=("final", "steps"), default=["final"],
+                        help="final: every prefix labelled by its solution's final answer (the pipeline's default); "
+                             "steps: by whether all its steps are right (process labels)")
     parser.add_argument("--settings", nargs="+", default=["300:2e-4", "1000:2e-4", "1000:1e-3"],
                         help="steps:learning_rate of each training run")
     args = parser.parse_args(argv)
@@ -67,15 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(temperature=config.temperature, prompt_length=config.max_prompt_length,
                   step_tokens=config.step_tokens, max_depth=config.max_depth)
     # the pipeline's own seeds (search/cli.py run_reward_model_stage), so --problems rm_problems is its data
-    test, _ = sample_path_data(lm, lm.params, tokenizer, task,
-                               task.problems("test", config.rm_eval_problems, config.seed + 1),
-                               samples=config.rm_samples, key=jax.random.key(config.seed + 13), **common)
     rm = RewardModel(lm)
     runs = []
-    for n in args.problems:
+    for labels, n in [(lab, n) for lab in args.labels for n in args.problems]:
+        test, _ = sample_path_data(lm, lm.params, tokenizer, task,
+                                   task.problems("test", config.rm_eval_problems, config.seed + 1), labels=labels,
+                                   samples=config.rm_samples, key=jax.random.key(config.seed + 13), **common)
         t0 = time.perf_counter()
         train, info = sample_path_data(lm, lm.params, tokenizer, task, task.problems("train", n, config.seed + 1),
-                                       samples=config.rm_samples, key=jax.random.key(config.seed + 12), **common)
+                                       samples=config.rm_samples, key=jax.random.key(config.seed + 12),
+                                       labels=labels, **common)
         sample_s = time.perf_counter() - t0
         for steps, lr in settings:
             t0 = time.perf_counter()
@@ -84,18 +89,18 @@ def main(argv: list[str] | None = None) -> int:
                                                 learning_rate=lr, seed=config.seed)
             ev = evaluate_reward_model(rm, params, test)
             tail = losses[-50:]
-            rec = dict(problems=n, paths=info["examples"], solutions=info["solutions"],
+            rec = dict(labels=labels, problems=n, paths=info["examples"], positive_rate=info["positive_rate"],
+                       held_out_positive_rate=float(test.label.mean()), solutions=info["solutions"],
                        solution_accuracy=info["solution_accuracy"], sample_s=sample_s, steps=steps,
                        learning_rate=lr, final_train_loss=sum(tail) / len(tail), eval=ev,
                        train_s=time.perf_counter() - t0)
             runs.append(rec)
-            print(f"problems {n:5d} ({info['examples']} paths) steps {steps:5d} lr {lr:g}: train loss "
+            print(f"labels {labels} problems {n:5d} ({info['examples']} paths) steps {steps:5d} lr {lr:g}: train loss "
                   f"{rec['final_train_loss']:.3f}, held-out loss {ev['loss']:.3f}, AUC {ev['auc']:.3f} "
                   f"(complete paths {ev['final_auc']:.3f}), {rec['train_s']:.0f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "pgts_reward_model.json",
                       {"benchmark": "pgts_reward_model", **device_info(), "run_dir": str(args.run_dir),
-                       "held_out_paths": int(len(test.label)), "held_out_positive_rate": float(test.label.mean()),
                        "runs": runs})
     print(f"wrote {args.out / 'pgts_reward_model.json'}")
     return 0

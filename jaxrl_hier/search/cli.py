@@ -119,7 +119,7 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
             return rm, params, info
         t0 = time.perf_counter()
         common = dict(temperature=config.temperature, prompt_length=config.max_prompt_length,
-                      step_tokens=config.step_tokens, max_depth=config.max_depth)
+                      step_tokens=config.step_tokens, max_depth=config.max_depth, labels=config.rm_labels)
         train_data, train_info = sample_path_data(lm, lm.params, tokenizer, task,
                                                   task.problems("train", config.rm_problems, config.seed + 1),
                                                   samples=config.rm_samples, key=jax.random.key(config.seed + 12),

@@ -49,7 +49,10 @@ class PGTSConfig:
     cost_terminate: float = 0.0
     correct_reward: float = 1.0
 
-    # ---- reward model: sampled solutions of training problems, labelled by their final answer
+    # ---- reward model: sampled solutions of training problems, each partial path labelled by its
+    # solution's final answer ("final", the paper's phase 1) or by whether all its steps are right
+    # ("steps", process labels from the task's worked solutions: `steps_correct`)
+    rm_labels: Literal["final", "steps"] = "final"
     rm_problems: int = 512
     rm_samples: int = 4
     rm_eval_problems: int = 128

@@ -81,9 +81,11 @@ def split_steps(tokens: Sequence[int], delimiter_id: int, eos_id: int, step_toke
 
 def build_path_data(prompt_ids: np.ndarray, prompt_mask: np.ndarray, completions: Sequence[Sequence[int]],
                     labels: Sequence[bool], *, delimiter_id: int, eos_id: int, pad_id: int, step_tokens: int,
-                    max_depth: int) -> PathData:
+                    max_depth: int, prefix_labels: Sequence[Sequence[bool]] | None = None) -> PathData:
     """Every prefix (1..max_depth steps) of each completion, in the env's layout: left-padded
-    [prompt_length + max_depth * step_tokens]. prompt_ids/mask are [M, prompt_length] per completion."""
+    [prompt_length + max_depth * step_tokens]. prompt_ids/mask are [M, prompt_length] per completion.
+    Each prefix is labelled with its completion's final-answer label, or, given `prefix_labels` (one
+    list per completion, one bool per step), with its own."""
     length = prompt_ids.shape[1] + max_depth * step_tokens
     rows, label_rows, groups, depths = [], [], [], []
     for i, (completion, label) in enumerate(zip(completions, labels)):
@@ -92,7 +94,7 @@ def build_path_data(prompt_ids: np.ndarray, prompt_mask: np.ndarray, completions
         for j, step in enumerate(split_steps(completion, delimiter_id, eos_id, step_tokens)[:max_depth]):
             path = path + step
             rows.append(prompt + path)
-            label_rows.append(float(label))
+            label_rows.append(float(label if prefix_labels is None else prefix_labels[i][j]))
             groups.append(i)
             depths.append(j + 1)
     ids = np.full((len(rows), length), pad_id, np.int32)
@@ -106,10 +108,15 @@ def build_path_data(prompt_ids: np.ndarray, prompt_mask: np.ndarray, completions
 
 def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *, samples: int,
                      key: jax.Array, temperature: float, prompt_length: int, step_tokens: int, max_depth: int,
-                     batch_size: int = 256) -> tuple[PathData, dict]:
-    """Sample `samples` solutions per problem with the generator, label them by final-answer
-    correctness and cut them into partial-path examples. Returns the data and a summary
-    (solutions, their accuracy)."""
+                     batch_size: int = 256, labels: str = "final") -> tuple[PathData, dict]:
+    """Sample `samples` solutions per problem with the generator, label them and cut them into
+    partial-path examples. `labels="final"`: every prefix gets its solution's final-answer
+    correctness; `"steps"`: each prefix whether all its steps are right (`task.steps_correct`, a
+    process label). Returns the data and a summary (solutions, their accuracy, the positive rate)."""
+    if labels not in ("final", "steps"):
+        raise ConfigError(f"reward model labels must be 'final' or 'steps', got {labels!r}.")
+    if labels == "steps" and not hasattr(task, "steps_correct"):
+        raise ConfigError(f"reward model labels 'steps' need a task with steps_correct(); {task.name} has none.")
     from jaxrl_hier.llm.sampling import generate
     from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
     from jaxrl_hier.tasks.jax_rewards import decode_completions
@@ -120,7 +127,7 @@ def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: 
     delimiter = tokenizer.convert_tokens_to_ids("\n")
     flat = [p for p in problems for _ in range(samples)]
     enc = encode_prompts(tokenizer, [p.prompt for p in flat], prompt_length)
-    completions, labels = [], []
+    completions, finals, prefix_labels = [], [], []
     for start in range(0, len(flat), batch_size):
         chunk = slice(start, start + batch_size)
         ids, mask = enc.ids[chunk], enc.mask[chunk]
@@ -133,10 +140,16 @@ def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: 
         texts = decode_completions(tokenizer, tokens, tmask)
         for p, row, m, text in zip(flat[chunk], tokens, tmask, texts):
             completions.append(row[m > 0].tolist())
-            labels.append(bool(task.is_correct(p, text)))
-    data = build_path_data(enc.ids, enc.mask, completions, labels, delimiter_id=delimiter, eos_id=eos, pad_id=pad,
-                           step_tokens=step_tokens, max_depth=max_depth)
-    return data, {"solutions": len(flat), "solution_accuracy": float(np.mean(labels)), "examples": len(data.label)}
+            finals.append(bool(task.is_correct(p, text)))
+            if labels == "steps":
+                steps = split_steps(completions[-1], delimiter, eos, step_tokens)[:max_depth]
+                prefix_labels.append(task.steps_correct(p, [tokenizer.decode(st, skip_special_tokens=True)
+                                                            for st in steps]))
+    data = build_path_data(enc.ids, enc.mask, completions, finals, delimiter_id=delimiter, eos_id=eos, pad_id=pad,
+                           step_tokens=step_tokens, max_depth=max_depth,
+                           prefix_labels=prefix_labels if labels == "steps" else None)
+    return data, {"solutions": len(flat), "solution_accuracy": float(np.mean(finals)), "examples": len(data.label),
+                  "labels": labels, "positive_rate": float(np.mean(data.label)) if len(data.label) else float("nan")}
 
 
 def bce_loss(rm: RewardModel, params: dict, ids: jax.Array, mask: jax.Array, label: jax.Array) -> jax.Array:

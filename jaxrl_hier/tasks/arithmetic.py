@@ -103,3 +103,18 @@ class ArithmeticTask:
     def is_correct(self, problem: Problem, completion: str) -> bool:
         """The answer line's number equals the answer (worked lines are not checked)."""
         return answers_equal(extract_answer(completion), problem.answer)
+
+    def steps_correct(self, problem: Problem, steps: list[str]) -> list[bool]:
+        """Process labels: for each prefix of the solution `steps` (its lines, in order), whether every
+        line so far is right. A worked line is right when it equals the worked solution's line at that
+        place (`worked_steps`: the leftmost multiplication, else the leftmost operation); the answer
+        line when its number equals the answer. A line past the worked solution's end is wrong."""
+        reference = [line for line in problem.target.split("\n") if not line.startswith("####")]
+        out, ok = [], True
+        for i, line in enumerate(s.strip() for s in steps):
+            if line.startswith("####"):
+                ok = ok and answers_equal(extract_answer(line), problem.answer)
+            else:
+                ok = ok and i < len(reference) and line.replace(" ", "") == reference[i].replace(" ", "")
+            out.append(ok)
+        return out

@@ -35,6 +35,23 @@ def test_split_steps_and_layout(tok):
     assert tok.decode(real) == "<bos>1+2+4=1+2=3\n3+4=7\n" and data.mask[1][0] == 0  # left-padded, 2 steps kept
 
 
+def test_process_labels_mark_every_prefix_from_the_first_wrong_step(tok):
+    from jaxrl_hier.tasks import ArithmeticTask, Problem
+
+    task = ArithmeticTask(steps=2, digits=1, worked=True)
+    problem = Problem("1+2+4=", "7", "1+2=3\n3+4=7\n#### 7", {})
+    assert task.steps_correct(problem, ["1+2=3\n", "3+4=7\n", "#### 7"]) == [True, True, True]
+    assert task.steps_correct(problem, ["1+2=3\n", "3+4=8\n", "#### 7"]) == [True, False, False]
+    assert task.steps_correct(problem, ["1+2=4\n", "4+4=8\n", "#### 8"]) == [False, False, False]
+    assert task.steps_correct(problem, ["1+2=3\n", "3+4=7\n", "7+0=7\n"]) == [True, True, False]  # past the end
+    nl = tok.convert_tokens_to_ids("\n")
+    ids = tok("1+2=3\n3+4=8\n#### 8", add_special_tokens=False)["input_ids"] + [2]
+    p = encode_prompts(tok, ["1+2+4="], 8)
+    data = build_path_data(p.ids, p.mask, [ids], [False], delimiter_id=nl, eos_id=2, pad_id=0, step_tokens=10,
+                           max_depth=3, prefix_labels=[[True, False, False]])
+    assert data.label.tolist() == [1.0, 0.0, 0.0] and data.steps.tolist() == [1, 2, 3]
+
+
 def test_auc_matches_pair_count():
     rng = np.random.default_rng(0)
     s = rng.integers(0, 5, 40).astype(float)
