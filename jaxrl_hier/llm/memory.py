@@ -390,11 +390,10 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
     training = spec.train != "frozen"
     logits = 0
     if head == "lm":
-        from jaxrl_hier.llm.sampling import MAX_CHUNK_LOGITS
+        from jaxrl_hier.llm.sampling import chunk_rows
 
         positions = seq if spec.logits_chunk <= 0 else min(spec.logits_chunk, max(seq - 1, 1))
-        # token_logprobs splits a chunk over rows too where it would pass MAX_CHUNK_LOGITS values
-        rows = batch if spec.logits_chunk <= 0 else max(1, min(batch, MAX_CHUNK_LOGITS // (positions * cfg.vocab_size)))
+        rows = batch if spec.logits_chunk <= 0 else chunk_rows(batch, positions, cfg.vocab_size)
         copies = (4 if spec.logits_chunk <= 0 else 3) if training else 2
         logits = copies * rows * positions * cfg.vocab_size * 4
     edges = 2 * batch * seq * cfg.hidden_size * act

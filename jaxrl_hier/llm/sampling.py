@@ -360,6 +360,12 @@ DEFAULT_CHUNK_SIZE = 128
 MAX_CHUNK_LOGITS = 2**26
 
 
+def chunk_rows(batch: int, positions: int, vocab_size: int) -> int:
+    """Rows of a [rows, positions, vocab] logit chunk as `token_logprobs` scores them: the whole batch
+    unless that would pass MAX_CHUNK_LOGITS values (the memory planner counts the same)."""
+    return max(1, min(int(batch), MAX_CHUNK_LOGITS // (int(positions) * int(vocab_size))))
+
+
 def _check_chunk_size(chunk_size: Any) -> None:
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ConfigError(f"chunk_size must be a Python int >= 1, got {chunk_size!r}.")
@@ -377,7 +383,7 @@ def _chunked_scores(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array,
         empty = jnp.zeros((b, 0), jnp.float32)
         return empty, (empty if want_entropy else None)
     chunk = min(int(chunk_size), n)
-    rows = max(1, min(b, MAX_CHUNK_LOGITS // (chunk * int(lm.config.vocab_size))))
+    rows = chunk_rows(b, chunk, lm.config.vocab_size)
     if rows < b:
         return _row_blocks(lm, params, hidden, targets, plain, temperature, top_k, top_p, suppress, chunk, rows,
                            want_entropy)
@@ -505,4 +511,5 @@ def shared_prefix_logprobs(lm: Any, params: Any, prefix_ids: Any, prefix_mask: A
 
 
 __all__ = ["GenerateOutput", "generate", "sample_tokens", "token_logprobs", "shared_prefix_logprobs",
-           "bucket_length", "left_pad", "filter_logits", "compiled_programs", "clear_compiled"]
+           "bucket_length", "left_pad", "filter_logits", "compiled_programs", "clear_compiled",
+           "chunk_rows", "MAX_CHUNK_LOGITS"]
