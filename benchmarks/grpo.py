@@ -186,10 +186,10 @@ def device_peak_mib(system: str) -> float | None:
         return torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else None
     import jax
 
-    stats = jax.local_devices()[0].memory_stats() or {}
-    if jax.default_backend() == "cpu" or "peak_bytes_in_use" not in stats:
-        return None
-    return stats["peak_bytes_in_use"] / 2**20
+    from jaxrl_hier.llm.memory import device_memory_stats
+
+    peak = device_memory_stats(jax.local_devices()[0])["peak_bytes_in_use"]
+    return None if jax.default_backend() == "cpu" or peak is None else peak / 2**20
 
 
 def clock() -> tuple[float, float]:

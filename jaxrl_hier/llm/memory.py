@@ -64,8 +64,8 @@ from jaxrl_hier.llm.model_config import ModelConfig
 __all__ = ["MeshShape", "ModelSpec", "ModelMemory", "MemoryPlan", "plan", "plan_model", "model_config_of",
            "param_shapes", "count_params", "lora_shapes", "count_lora_params", "make_optimizer", "optimizer_bytes",
            "kv_cache_bytes", "layer_activation_bytes", "activation_bytes", "dtype_bytes", "tree_nbytes", "tree_size",
-           "compiled_step_memory", "training_step", "measured_layout_peak", "llama_3_2_3b", "roberta_base",
-           "archer_head_params", "original_setup", "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
+           "compiled_step_memory", "training_step", "measured_layout_peak", "device_memory_stats", "llama_3_2_3b",
+           "roberta_base", "archer_head_params", "original_setup", "original_plans", "main", "ORIGINAL_CAPACITY_GIB"]
 
 GIB = 1024**3
 #: I-wide values the activation function's gradient keeps beyond its input and output: silu its
@@ -598,7 +598,7 @@ def _layout_specs(llm: Any = None, critic: Any = None, *, batch: int = 16, seq_l
     return out
 
 
-def _memory_stats(device: Any) -> dict[str, int | None]:
+def device_memory_stats(device: Any) -> dict[str, int | None]:
     """bytes_in_use and peak_bytes_in_use of the device's allocator (None where the backend has none,
     e.g. XLA:CPU)."""
     try:
@@ -744,7 +744,7 @@ def measured_layout_peak(llm: Any = None, critic: Any = None, *, batch: int = 16
         ("polyak", None, jax.jit(lambda new, old: optax.incremental_update(new, old, tau), donate_argnums=(1,)),
          (s["critic"], s["target_critic"])),
     ]
-    baseline = _memory_stats(device)
+    baseline = device_memory_stats(device)
     compiled: dict[str, Any] = {}
     records: dict[str, dict[str, Any]] = {}
     for name, phase, fn, shapes in programs:
@@ -753,13 +753,13 @@ def measured_layout_peak(llm: Any = None, critic: Any = None, *, batch: int = 16
         records[name] = {"name": name, "plan_phase": phase, "compile_s": time.perf_counter() - t0,
                          "compiled": _analysis(compiled[name])}
         say(f"compiled {name} in {records[name]['compile_s']:.1f} s")
-    after_compile = _memory_stats(device)
+    after_compile = device_memory_stats(device)
 
     t0 = time.perf_counter()
     state = jax.block_until_ready(allocate(k_state))
     data = jax.block_until_ready(inputs(k_inputs))
     alloc_s = time.perf_counter() - t0
-    after_alloc = _memory_stats(device)
+    after_alloc = device_memory_stats(device)
     arrays = {name: tree_nbytes(tree) for name, tree in state.items()}
     say(f"allocated {sum(arrays.values()) / GIB:.3f} GiB of arrays in {alloc_s:.1f} s "
         f"(bytes_in_use {after_alloc['bytes_in_use']})")
@@ -769,7 +769,7 @@ def measured_layout_peak(llm: Any = None, critic: Any = None, *, batch: int = 16
         out = jax.block_until_ready(compiled[name](*args))
         rec = records[name]
         rec["run_s"] = time.perf_counter() - t0
-        rec.update(_memory_stats(device))
+        rec.update(device_memory_stats(device))
         say(f"ran {name} in {rec['run_s']:.2f} s: bytes_in_use {rec['bytes_in_use']}, "
             f"peak_bytes_in_use {rec['peak_bytes_in_use']}")
         return out
