@@ -35,7 +35,7 @@ from jaxrl_hier.llm.model_config import ModelConfig
 Params = dict[str, Any]
 
 __all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "shared_prefix_hidden_states", "init_cache",
-           "init_params", "default_positions"]
+           "init_params", "default_positions", "unstack_layers", "unrolls_decode"]
 
 
 class KVCache(NamedTuple):
@@ -135,6 +135,13 @@ def default_positions(attention_mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
 
 
+def _cache_shape(cache: KVCache) -> tuple[int, ...]:
+    """[num_layers, batch, kv_heads, max_len, head_dim] of a stacked or per-layer (tuple) cache."""
+    if isinstance(cache.k, (tuple, list)):
+        return (len(cache.k), *cache.k[0].shape)
+    return tuple(cache.k.shape)
+
+
 def _check_inputs(config: ModelConfig, input_ids: jax.Array, attention_mask: jax.Array, positions: Any,
                   cache: KVCache | None, cache_index: Any) -> None:
     """Shape errors are reported before tracing goes further (all checks are on static shapes)."""
@@ -148,9 +155,10 @@ def _check_inputs(config: ModelConfig, input_ids: jax.Array, attention_mask: jax
         if cache_index is not None:
             raise ConfigError("cache_index was given without a cache; pass cache=init_cache(...) too.")
         return
-    max_len = cache.k.shape[3]
-    if cache.k.shape[:3] != (config.num_layers, batch, config.num_kv_heads) or cache.k.shape[4:] != (config.head_dim,):
-        raise ConfigError(f"cache shape {cache.k.shape} does not fit this model and batch {batch}: expected "
+    shape = _cache_shape(cache)
+    max_len = shape[3]
+    if shape[:3] != (config.num_layers, batch, config.num_kv_heads) or shape[4:] != (config.head_dim,):
+        raise ConfigError(f"cache shape {shape} does not fit this model and batch {batch}: expected "
                           f"({config.num_layers}, {batch}, {config.num_kv_heads}, max_len, {config.head_dim}).")
     if attention_mask.shape != (batch, max_len):
         raise ConfigError(f"with a cache, attention_mask must cover the cache slots: expected {(batch, max_len)}, "
@@ -215,7 +223,12 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     `kv` is the whole stacked cache [L, B, kv_heads, S, D] (k, v): this layer writes its new keys
     and values at (layer, :, :, cache_index) in place and reads its own slice back."""
     q, k, v = _qkv(config, x, p, lora, scale, rope)
-    if kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
+    if kv is not None and layer is None:  # this layer's own cache buffers [B, kv_heads, S, D] (unrolled layers)
+        zero = jnp.zeros((), jnp.int32)
+        kv = tuple(jax.lax.dynamic_update_slice(full, new.astype(full.dtype), (zero, zero, cache_index, zero))
+                   for full, new in zip(kv, (k, v)))
+        k, v = (full.astype(q.dtype) for full in kv)
+    elif kv is not None:  # write this step's keys/values into their cache slots, attend over all slots
         zero = jnp.zeros((), jnp.int32)
         start = (layer, zero, zero, cache_index, zero)
         kv = tuple(jax.lax.dynamic_update_slice(full, new[None].astype(full.dtype), start)
@@ -253,7 +266,7 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         q_slots = k_slots = jnp.arange(t)
     else:
         cache_index = jnp.asarray(cache_index, jnp.int32)
-        q_slots, k_slots = cache_index + jnp.arange(t), jnp.arange(cache.k.shape[3])
+        q_slots, k_slots = cache_index + jnp.arange(t), jnp.arange(_cache_shape(cache)[3])
     offsets = q_slots[:, None] - k_slots[None, :]  # [T, S]
     allowed = (attention_mask[:, None, :] > 0) & (offsets >= 0)[None]  # causal by slot, valid slots only
 
@@ -268,6 +281,16 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         p, lp, window, layer = xs
         return _layer(config, x, p, lp, scale, window, rope, allowed, offsets, kv, layer, cache_index, mesh), None
 
+    if isinstance(params["layers"], (tuple, list)):  # per-layer weights and caches: a Python loop, no slicing
+        ks, vs = [], []
+        for i, p in enumerate(params["layers"]):
+            kv = None if cache is None else (cache.k[i], cache.v[i])
+            lp = lora_layers[i] if lora is not None else {}
+            x, kv = _layer(config, x, p, lp, scale, windows[i], rope, allowed, offsets, kv, None, cache_index, mesh)
+            if kv is not None:
+                ks.append(kv[0]); vs.append(kv[1])
+        x = L.norm(x, params["final_norm"], config)
+        return x, (None if cache is None else KVCache(tuple(ks), tuple(vs)))
     if cache is None:
         body = _rematerialised(config, body)
     kv0 = None if cache is None else (cache.k, cache.v)
@@ -275,6 +298,32 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
     (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))
     x = L.norm(x, params["final_norm"], config)
     return x, (None if cache is None else KVCache(*kv))
+
+
+# Decoding one token reads every layer's weights and cache. In the layer scan XLA:CPU copies each
+# layer's weight and cache slices out of the stacked arrays on every step: on the GRPO benchmark's
+# 3M-parameter model that was a quarter of a decode step. Unrolled over per-layer arrays, the
+# weights are copied once per generate call instead, which is worth it below this size.
+UNROLL_DECODE_MAX_BYTES = 64 * 2**20
+
+
+def unrolls_decode(config: ModelConfig, params: Params) -> bool:
+    """Whether the decode loop runs the layers unrolled (`ModelConfig.unroll_decode`, None = by size)."""
+    if config.unroll_decode is not None:
+        return config.unroll_decode
+    size = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(params["layers"]))
+    return size <= UNROLL_DECODE_MAX_BYTES
+
+
+def unstack_layers(params: Params, lora: Lora | None, cache: KVCache) -> tuple[Params, Lora | None, KVCache]:
+    """The stacked layer weights, LoRA adapters and cache as tuples of per-layer arrays (static
+    slices); `hidden_states` runs such params as a Python loop over the layers."""
+    n = cache.k.shape[0]
+    split = lambda tree: tuple(jax.tree.map(lambda a: a[i], tree) for i in range(n))  # noqa: E731
+    params = {**params, "layers": split(params["layers"])}
+    if lora is not None:
+        lora = lora.replace(params={**lora.params, "layers": split(lora.params["layers"])})
+    return params, lora, KVCache(tuple(cache.k[i] for i in range(n)), tuple(cache.v[i] for i in range(n)))
 
 
 def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids: jax.Array, prefix_mask: jax.Array,

@@ -71,6 +71,11 @@ class ModelConfig:
     # without a KV cache, keep only each layer's input for the backward pass and recompute the
     # layer there (jax.checkpoint), as the memory planner's `remat=True` assumes
     remat: bool = False
+    # how the sampler's decode loop runs the layers: True = a Python loop over per-layer weight
+    # and cache arrays (sliced once per generate call: no per-step slice copies, but one copy of
+    # the layer weights while generating), False = the layer scan over the stacked arrays, None =
+    # unrolled when the layer weights are at most `decoder.UNROLL_DECODE_MAX_BYTES`
+    unroll_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.family not in ("llama", "gpt2", "roberta"):

@@ -109,6 +109,13 @@ class LanguageModel(_Model):
         """Float32 vocabulary logits [..., V] of final-norm hidden states [..., H]."""
         return decoder.lm_head(self.config, params, hidden)
 
+    def decode_layout(self, params: Any, lora: Lora | None, cache: KVCache) -> tuple[Any, Lora | None, KVCache]:
+        """What the sampler's decode loop runs on: per-layer weights and caches (`decoder.unstack_layers`)
+        when `decoder.unrolls_decode`, else the stacked arrays as they are."""
+        if not decoder.unrolls_decode(self.config, params):
+            return params, lora, cache
+        return decoder.unstack_layers(params, lora, cache)
+
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache; dtype defaults to the weights' dtype."""
         return decoder.init_cache(self.config, batch, max_len, dtype or self.dtype, mesh=self.mesh)

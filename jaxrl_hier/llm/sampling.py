@@ -17,7 +17,9 @@ own jit / vmap / scan.
 
 The model is any object with `.config` and `.forward(params, input_ids, attention_mask, *,
 positions, cache, cache_index, lora)` and `.init_cache(batch, max_len)` (jaxrl_hier.llm's
-`LanguageModel`): with a cache, `attention_mask` is [B, max_len] over cache slots.
+`LanguageModel`): with a cache, `attention_mask` is [B, max_len] over cache slots. A model may
+also have `.decode_layout(params, lora, cache)`, which gives the arrays the decode loop runs on
+(LanguageModel: per-layer weights and caches for small models, `decoder.unrolls_decode`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.decoder import KVCache
 
 DEFAULT_MIN_BUCKET = 16
 
@@ -183,7 +186,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
                   max_new_tokens: int, temperature: jax.Array | float = 1.0, top_k: int | None = None,
                   top_p: jax.Array | float | None = None, eos_ids: int | Sequence[int] = (), pad_token_id: int = 0,
                   lora: Any = None, greedy: bool | jax.Array = False, return_hidden: bool = False,
-                  suppress_tokens: Sequence[int] = ()) -> GenerateOutput:
+                  suppress_tokens: Sequence[int] = (), group: int = 1) -> GenerateOutput:
     """The pure sampling program that `generate` wraps: traceable inside jit, vmap and scan.
 
     input_ids / attention_mask [B, T] are left-padded (no bucketing or host checks here; use
@@ -197,15 +200,23 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     token_logprobs takes the same argument). With `return_hidden=True`, `hidden` [B, N, H] is the
     final-norm hidden state at each generated token's position (the token fed through the model;
     one more forward than without; needs a model with `hidden_and_cache`/`head`, as LanguageModel).
+    `group` (static) > 1 draws that many samples of each prompt row: the output has rows
+    P x group, a prompt's samples adjacent, as from the prompts repeated `group` times; with a
+    decoder's `KVCache` each prompt runs through the model once and its cache is shared (GRPO's
+    groups), other models get the prompts repeated.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}.")
+    if not isinstance(group, (int, np.integer)) or group < 1:
+        raise ConfigError(f"group must be a Python int >= 1, got {group!r}.")
     if return_hidden and not _split(lm):
         raise ConfigError("return_hidden=True needs a model with hidden_and_cache() and head() "
                           "(jaxrl_hier.llm.LanguageModel).")
     input_ids = jnp.asarray(input_ids, jnp.int32)
     attention_mask = jnp.asarray(attention_mask, jnp.int32)
-    batch, prompt_len = input_ids.shape
+    group = int(group)
+    prompts, prompt_len = input_ids.shape
+    batch = prompts * group
     row_greedy = None  # [B] bool: per-row greedy, traced
     if isinstance(greedy, (bool, np.bool_)):
         greedy = bool(greedy) or _is_zero(temperature)
@@ -216,11 +227,20 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     eos = _eos_tuple(eos_ids)
     suppress = _suppress_tuple(suppress_tokens)
     n = int(max_new_tokens)
-    cache = lm.init_cache(batch, prompt_len + n)
-    cache_mask = jnp.concatenate([attention_mask, jnp.zeros((batch, n), jnp.int32)], axis=1)
+    cache = lm.init_cache(prompts, prompt_len + n)
+    if group > 1 and not isinstance(cache, KVCache):  # no known batch axis to share a prompt's cache along
+        input_ids, attention_mask = (jnp.repeat(a, group, axis=0) for a in (input_ids, attention_mask))
+        prompts, group = batch, 1
+        cache = lm.init_cache(prompts, prompt_len + n)
+    cache_mask = jnp.concatenate([attention_mask, jnp.zeros((prompts, n), jnp.int32)], axis=1)
     last, cache, _ = _last_logits(lm, params, input_ids, cache_mask, lora, positions=_positions(attention_mask),
                                   cache=cache, cache_index=0)
+    if group > 1:  # each prompt's logits, cache and mask for each of its samples
+        last, cache_mask, attention_mask = (jnp.repeat(a, group, axis=0) for a in (last, cache_mask, attention_mask))
+        cache = KVCache(*(jnp.repeat(a, group, axis=1) for a in cache))  # [L, B, kv_heads, S, D]
     eos_arr = jnp.asarray(eos if eos else (-1,), jnp.int32)
+    if hasattr(lm, "decode_layout"):  # the prompt ran through the layer scan; the decode loop may run unrolled
+        params, lora, cache = lm.decode_layout(params, lora, cache)
 
     def pick(last, done, sub):
         """Sample (or argmax) one token per row from the last logits; finished rows emit padding."""

@@ -32,6 +32,9 @@ def accumulate_gradients(loss_fn: Callable[[Any, Any], tuple[jax.Array, Any]], p
     leading axis (`split_rows`). Returns (summed gradients, summed aux)."""
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], micro_batches)
+    if jax.tree.leaves(micro_batches)[0].shape[0] == 1:  # one micro-batch: no zero-filled sums to add into
+        (_, aux), grads = grad_fn(params, first)
+        return grads, aux
     aux_shape = jax.eval_shape(lambda p, mb: loss_fn(p, mb)[1], params, first)
     zeros = (jax.tree.map(jnp.zeros_like, params),
              jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape))

@@ -37,12 +37,13 @@ def sample_groups(lm: Any, params: Any, lora: Lora | None, prompt_ids: jax.Array
                   key: jax.Array, *, num_generations: int, max_new_tokens: int, temperature: float,
                   top_k: int | None, top_p: float | None, eos_id: int, pad_id: int,
                   suppress_tokens: tuple[int, ...] = ()) -> Rollout:
-    """`num_generations` samples of every prompt (traceable: call it inside a jit)."""
+    """`num_generations` samples of every prompt (traceable: call it inside a jit); each prompt runs
+    through the model once for its samples (`sample_tokens(group=)`)."""
     ids = jnp.repeat(prompt_ids, num_generations, axis=0)
     mask = jnp.repeat(prompt_mask, num_generations, axis=0)
-    out = sample_tokens(lm, params, ids, mask, key, max_new_tokens=max_new_tokens, temperature=temperature,
-                        top_k=top_k, top_p=top_p, eos_ids=(eos_id,), pad_token_id=pad_id, lora=lora,
-                        suppress_tokens=suppress_tokens)
+    out = sample_tokens(lm, params, prompt_ids, prompt_mask, key, max_new_tokens=max_new_tokens,
+                        temperature=temperature, top_k=top_k, top_p=top_p, eos_ids=(eos_id,), pad_token_id=pad_id,
+                        lora=lora, suppress_tokens=suppress_tokens, group=num_generations)
     return Rollout(ids, mask, out.tokens, out.logprobs, out.mask)
 
 

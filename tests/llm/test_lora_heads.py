@@ -160,3 +160,26 @@ def test_classification_head_on_pooled_encoder_output():
                                atol=1e-6)
     with pytest.raises(ConfigError, match="num_labels"):
         classification_head_init(jax.random.key(0), 32, 0)
+
+
+def test_unrolled_decode_equals_the_layer_scan(lm):
+    """The sampler's decode loop over per-layer arrays (`unroll_decode`) gives the layer scan's
+    tokens and log-probs, with a LoRA adapter and left padding; the size rule picks it for this model."""
+    import dataclasses
+
+    from jaxrl_hier.llm import decoder, sampling
+
+    adapter = _randomise_b(init_lora(lm.config, LoraConfig(rank=4, alpha=8, target_modules=ALL),
+                                     jax.random.key(7)), jax.random.key(8))
+    assert decoder.unrolls_decode(lm.config, lm.params)
+    assert not decoder.unrolls_decode(dataclasses.replace(lm.config, unroll_decode=False), lm.params)
+    outs = []
+    for unroll in (True, False):
+        model = LanguageModel(dataclasses.replace(lm.config, unroll_decode=unroll), lm.params)
+        outs.append(jax.jit(lambda p, a, k, m=model: sampling.sample_tokens(
+            m, p, IDS, MASK, k, max_new_tokens=6, temperature=0.8, lora=a))(lm.params, adapter, jax.random.key(9)))
+    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+    np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)
+    # the decode loop really ran on per-layer arrays: the cache comes out of it as one array per layer
+    params, _, cache = lm.decode_layout(lm.params, adapter, lm.init_cache(2, 10))
+    assert isinstance(params["layers"], tuple) and len(cache.k) == lm.config.num_layers

@@ -188,6 +188,27 @@ def test_shared_prefix_scores_equal_the_repeated_prompts(lm):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-4, rtol=1e-4)
 
 
+def test_grouped_sampling_equals_the_repeated_prompts(lm):
+    """`sample_tokens(group=G)` runs each (left-padded) prompt through the model once and shares
+    its cache with its G samples: the tokens and log-probs of the prompts repeated G times, with a
+    LoRA adapter and per-row greedy flags (test_sampling: a model without a decoder KVCache)."""
+    from jaxrl_hier.llm import LoraConfig, init_lora
+
+    g = 3
+    lora = jax.tree_util.tree_map(lambda x: x + 0.1, init_lora(lm.config, LoraConfig(rank=2), jax.random.key(1)))
+    greedy = np.array([True, False, False, False, True, False])
+    outs = [jax.jit(lambda p, a, k, ids=ids, mask=mask, grp=grp: sample_tokens(
+        lm, p, ids, mask, k, max_new_tokens=N, temperature=0.9, lora=a, greedy=greedy, group=grp))(
+        lm.params, lora, jax.random.key(6)) for ids, mask, grp in ((np.repeat(IDS, g, 0), np.repeat(MASK, g, 0), 1),
+                                                                     (IDS, MASK, g))]
+    assert outs[1].tokens.shape == (2 * g, N)
+    np.testing.assert_array_equal(np.asarray(outs[1].tokens), np.asarray(outs[0].tokens))
+    np.testing.assert_allclose(np.asarray(outs[1].logprobs), np.asarray(outs[0].logprobs), atol=1e-6)
+    assert len({tuple(r) for r in np.asarray(outs[1].tokens)[1:3]}) == 2  # a prompt's samples are drawn apart
+    with pytest.raises(ConfigError, match="group"):
+        sample_tokens(lm, lm.params, IDS, MASK, jax.random.key(0), max_new_tokens=N, group=0)
+
+
 def test_per_row_greedy_flag_equals_the_greedy_and_the_sampled_call(lm):
     """A traced greedy flag per row: greedy rows equal greedy=True's, the others the sampled call's
     with the same key (tokens, log-probs, hidden states), in one program."""

@@ -245,3 +245,11 @@ def test_learned_position_table_overflow_is_refused_and_first_real_token_scores_
     lp = np.asarray(sampling.token_logprobs(gpt2, gpt2.params, ids, mask))
     assert lp[0, :2].tolist() == [0.0, 0.0]  # pads and the first real token (no real context)
     assert np.all(lp[0, 2:] < 0) and np.all(lp[1] < 0)
+
+
+def test_grouped_sampling_of_a_model_without_a_decoder_cache_repeats_the_prompts(toy):
+    lm, params, ids, mask = toy
+    outs = [sampling.sample_tokens(lm, params, i, m, jax.random.key(2), max_new_tokens=4, temperature=1.0, group=g)
+            for i, m, g in ((np.repeat(ids, 2, 0), np.repeat(mask, 2, 0), 1), (ids, mask, 2))]
+    np.testing.assert_array_equal(np.asarray(outs[1].tokens), np.asarray(outs[0].tokens))
+    np.testing.assert_array_equal(np.asarray(outs[1].logprobs), np.asarray(outs[0].logprobs))
