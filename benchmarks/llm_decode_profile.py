@@ -11,6 +11,14 @@ greedy. `PYTHONPATH=<an older checkout> python benchmarks/llm_decode_profile.py`
 version of the package with the same script (only `generate` is used).
 
 Writes <out>/llm_decode_profile.json (<out>/llm_decode_profile_<label>.json with --label).
+
+`--layouts` instead compares, side by side in one process (each call of each variant in turn,
+`--repeats` rounds; median and min), how the decode loop runs on the GRPO step's shape (`--batch`
+rows = `--batch / --group` prompts x `--group` samples, temperature 1): the layer scan over the
+stacked weights and cache (`ModelConfig.unroll_decode: false`), the layers unrolled over per-layer
+arrays (`true`, the default for this size), and unrolled with each prompt run once for its samples
+(`sample_tokens(group=)`, as GRPO's `sample_groups` calls it). It checks that all three give the
+same tokens and writes <out>/llm_decode_layouts.json and .png.
 """
 
 from __future__ import annotations
@@ -57,6 +65,56 @@ def time_generate(lm: LanguageModel, ids: np.ndarray, mask: np.ndarray, new_toke
     return first, best, best_cpu
 
 
+def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tokens: int, repeats: int) -> dict:
+    """Median / min wall seconds of the three decode-loop layouts, called in turn (see the module doc)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(1, SHAPE["vocab_size"], (batch // group, prompt)), jnp.int32)
+    mask = jnp.ones_like(ids)
+    rep = lambda a: jnp.repeat(a, group, axis=0)  # noqa: E731
+    scan_lm = LanguageModel(dataclasses.replace(lm.config, unroll_decode=False), lm.params)
+    unrolled_lm = LanguageModel(dataclasses.replace(lm.config, unroll_decode=True), lm.params)
+    variants = {"layer_scan": (scan_lm, rep(ids), rep(mask), 1), "unrolled": (unrolled_lm, rep(ids), rep(mask), 1),
+                f"unrolled_group{group}": (unrolled_lm, ids, mask, group)}
+    fns, first, tokens = {}, {}, {}
+    for name, (model, i, m, g) in variants.items():
+        fns[name] = jax.jit(lambda p, k, model=model, i=i, m=m, g=g: sampling.sample_tokens(
+            model, p, i, m, k, max_new_tokens=new_tokens, temperature=1.0, group=g))
+        t0 = time.perf_counter()
+        tokens[name] = np.asarray(jax.block_until_ready(fns[name](lm.params, jax.random.key(0))).tokens)
+        first[name] = time.perf_counter() - t0
+    times = {name: [] for name in fns}
+    for r in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn(lm.params, jax.random.key(r + 1)))
+            times[name].append(time.perf_counter() - t0)
+    ref = tokens["layer_scan"]
+    return {name: {"median_s": float(np.median(t)), "min_s": float(min(t)), "compile_and_first_s": first[name],
+                   "same_tokens_as_layer_scan": bool((tokens[name] == ref).all())} for name, t in times.items()}
+
+
+def plot_layouts(records: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(records)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.bar(names, [records[n]["median_s"] * 1e3 for n in names], color="tab:blue", label="median")
+    ax.scatter(names, [records[n]["min_s"] * 1e3 for n in names], color="black", zorder=3, label="min")
+    ax.set_ylabel("generate, ms")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=32)
@@ -65,8 +123,30 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--label", default="", help="names the result file llm_decode_profile_<label>.json")
     ap.add_argument("--out", default="benchmarks/results/cpu")
+    ap.add_argument("--layouts", action="store_true", help="compare the decode loop's layouts (module doc)")
+    ap.add_argument("--group", type=int, default=4, help="--layouts: samples per prompt")
     args = ap.parse_args()
     lm = build()
+    if args.layouts:
+        import jaxrl_hier
+
+        if args.batch % args.group:
+            raise SystemExit(f"--batch {args.batch} must be a multiple of --group {args.group}.")
+        records = time_layouts(lm, args.batch, args.group, args.prompt, args.new_tokens, args.repeats)
+        for name, r in records.items():
+            print(f"{name:>16}: median {r['median_s'] * 1e3:6.1f} ms, min {r['min_s'] * 1e3:6.1f} ms "
+                  f"(first call {r['compile_and_first_s']:.2f} s), same tokens: {r['same_tokens_as_layer_scan']}")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / "llm_decode_layouts.json", {
+            "benchmark": "llm_decode_layouts", "package": jaxrl_hier.__file__, "load_average": list(os.getloadavg()),
+            **device_info(), "shape": SHAPE, "num_params": lm.num_params(), "batch": args.batch,
+            "group": args.group, "prompt": args.prompt, "new_tokens": args.new_tokens, "repeats": args.repeats,
+            "records": records})
+        plot_layouts(records, out / "llm_decode_layouts.png",
+                     f"{args.batch} rows x {args.new_tokens} new tokens, {args.prompt}-token prompts")
+        print(f"wrote {out / 'llm_decode_layouts.json'}, .png")
+        return
     rng = np.random.default_rng(0)
     ids = rng.integers(1, SHAPE["vocab_size"], (args.batch, args.prompt)).astype(np.int32)
     mask = np.ones_like(ids)
