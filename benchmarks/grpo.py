@@ -98,6 +98,7 @@ class Settings:
     dtype: str = "float32"
     lora_rank: int = 0  # 0: full fine-tuning; else a LoRA adapter of this rank on q/k/v/o
     platform: str = "cpu"
+    unroll_decode: str = "auto"  # ours: GRPOConfig.unroll_decode (auto = by the layer weights' size)
 
     @property
     def tokens_per_step(self) -> int:
@@ -391,7 +392,8 @@ def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, be
                         max_grad_norm=settings.max_grad_norm, beta=beta, loss_type="grpo", scale_rewards="group",
                         num_iterations=1, jax_rewards=False,
                         suppress_tokens=tuple(special_ids(tok, lm.config.vocab_size)), seed=settings.seed,
-                        placement=placement, eval_every=0, dtype=settings.dtype, lora_rank=settings.lora_rank)
+                        placement=placement, eval_every=0, dtype=settings.dtype, lora_rank=settings.lora_rank,
+                        unroll_decode={"auto": None, "on": True, "off": False}[settings.unroll_decode])
     problems = [Problem(prompt=p, answer="0", target="") for p in prompts]
     trainer = make_train(config, lm, tok, None, lora=build_lora(config, lm),
                          reward_fn=lambda probs, texts: reward_fn([p.prompt for p in probs], texts))
@@ -540,7 +542,8 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system, "--beta", str(beta),
            "--ckpt", str(ckpt_dir), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--threads", str(args.threads), "--result", str(result_path), "--preset", args.preset,
-           "--dtype", args.dtype, "--lora-rank", str(args.lora_rank), "--platform", args.platform]
+           "--dtype", args.dtype, "--lora-rank", str(args.lora_rank), "--platform", args.platform,
+           "--unroll-decode", args.unroll_decode]
     print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running ...", flush=True)
     proc = subprocess.run(cmd, env=worker_env(args.threads, system, args.platform), cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
@@ -580,7 +583,9 @@ def markdown(result: dict) -> str:
     d = result["device"]
     lines += ["", f"{len(s['prompts'])} prompts x {s['num_generations']} generations x {s['new_tokens']} tokens per "
               f"step, {result['model'].get('preset', 'tiny')} model, {s.get('dtype', 'float32')}, "
-              f"{'LoRA rank ' + str(s['lora_rank']) if s.get('lora_rank') else 'full fine-tuning'}, {result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
+              f"{'LoRA rank ' + str(s['lora_rank']) if s.get('lora_rank') else 'full fine-tuning'}, "
+              f"{'' if s.get('unroll_decode', 'auto') == 'auto' else 'our decode loop unroll ' + s['unroll_decode'] + ', '}"
+              f"{result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
               f"{result['warmup']} warm-up per system (the systems run in turn each round); {d['device']}, "
               f"{d['cpu_count']} CPU cores, {s['threads']} threads per system. {result['notes']}"]
     return "\n".join(lines) + "\n"
@@ -636,6 +641,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning; else LoRA of this rank on q/k/v/o")
     p.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu", help="where the workers run")
+    p.add_argument("--unroll-decode", choices=("auto", "on", "off"), default="auto",
+                   help="ours: how the decode loop runs the layers (GRPOConfig.unroll_decode; auto = by size)")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -674,7 +681,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError("the tunix worker runs float32 full fine-tuning on the CPU only; leave tunix out of "
                           "--systems for --dtype bfloat16, --lora-rank or --platform gpu.")
     args.settings = Settings(threads=args.threads, preset=args.preset, dtype=args.dtype, lora_rank=args.lora_rank,
-                             platform=args.platform)
+                             platform=args.platform, unroll_decode=args.unroll_decode)
     return args
 
 

@@ -11,6 +11,9 @@ Method, per batch size B (prompt length P, N new tokens, `jaxrl_hier.llm.generat
   once, so the limit is bandwidth / param_bytes steps/s; fraction = param_bytes * tokens/s / bandwidth.
   `--bandwidth-gbs` (default 4800, an H200); on CPU, unless given, it is measured with a large copy.
 
+`--unroll-decode on|off` forces how the decode loop runs the layers (`ModelConfig.unroll_decode`;
+`auto`, the default, unrolls them when the layer weights take at most 64 MiB).
+
 Writes <out>/llm_throughput.json (device, versions, compile_s, records) and llm_throughput.png.
 """
 
@@ -58,15 +61,26 @@ class RandomLM(NamedTuple):
     def init_cache(self, batch: int, max_len: int, dtype: Any = None):
         return decoder.init_cache(self.config, batch, max_len, dtype or self.dtype)
 
+    def decode_layout(self, params, lora, cache):
+        """As LanguageModel's: per-layer arrays for the decode loop when `decoder.unrolls_decode`."""
+        if not decoder.unrolls_decode(self.config, params):
+            return params, lora, cache
+        return decoder.unstack_layers(params, lora, cache)
 
-def build(preset: str, seed: int) -> tuple[RandomLM, Any, dict[str, Any]]:
+
+UNROLL = {"auto": None, "on": True, "off": False}
+
+
+def build(preset: str, seed: int, unroll_decode: str = "auto") -> tuple[RandomLM, Any, dict[str, Any]]:
     """A random model shaped like `preset` (config from a hand-written dict, no download)."""
+    import dataclasses
+
     import transformers
 
     fields = dict(PRESETS[preset])
     dtype = jnp.dtype(fields.pop("dtype"))
     hf = transformers.Qwen2Config(**{k: v for k, v in fields.items() if k != "model_type"})
-    config = decoder.ModelConfig.from_hf(hf)
+    config = dataclasses.replace(decoder.ModelConfig.from_hf(hf), unroll_decode=UNROLL[unroll_decode])
     params = decoder.init_params(config, jax.random.key(seed), dtype)
     return RandomLM(config, dtype), params, dict(PRESETS[preset])
 
@@ -98,8 +112,10 @@ def _timed_generate(lm, params, ids, mask, new_tokens: int, repeats: int) -> tup
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    lm, params, hf_fields = build(args.preset, args.seed)
+    lm, params, hf_fields = build(args.preset, args.seed, args.unroll_decode)
     param_bytes = memory.tree_nbytes(params)
+    unrolled = decoder.unrolls_decode(lm.config, params)
+    print(f"decode loop: {'layers unrolled' if unrolled else 'layer scan'} (--unroll-decode {args.unroll_decode})")
     records = []
     for batch in args.batch_sizes:
         ids = np.random.default_rng(batch).integers(1, hf_fields["vocab_size"], (batch, args.prompt_len))
@@ -127,6 +143,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return dict(
         preset=args.preset, model=hf_fields, dtype=str(lm.dtype), prompt_len=args.prompt_len,
         new_tokens=args.new_tokens, repeats=args.repeats, sampling="temperature 1.0, top_k 50",
+        unroll_decode=args.unroll_decode, decode_layers_unrolled=unrolled,
         device=str(jax.devices()[0]), backend=jax.default_backend(), device_count=jax.device_count(),
         platform=platform.platform(), processor=platform.processor(),
         versions=dict(jax=jax.__version__, flax=flax.__version__, transformers=transformers.__version__,
@@ -172,6 +189,8 @@ def main() -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="device memory bandwidth; default: 4800 (H200) on GPU, measured on CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--unroll-decode", choices=list(UNROLL), default="auto",
+                        help="ModelConfig.unroll_decode: auto (by the layer weights' size), on or off")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
     args = parser.parse_args()
     if args.new_tokens < 2 or args.prompt_len < 1 or min(args.batch_sizes) < 1:

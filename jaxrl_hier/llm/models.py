@@ -67,6 +67,15 @@ class LanguageModel(_Model):
                              hf_config=self.hf_config, tokenizer=self.tokenizer, mesh=self.mesh,
                              weight_prefix=self.weight_prefix)
 
+    def with_unroll_decode(self, unroll: bool | None) -> "LanguageModel":
+        """This model (the same parameter arrays, no copy) with the sampler's decode loop unrolled over
+        the layers (True), as a layer scan (False) or chosen by size (None): `ModelConfig.unroll_decode`."""
+        if self.config.unroll_decode == unroll:
+            return self
+        return LanguageModel(dataclasses.replace(self.config, unroll_decode=unroll), self.params,
+                             hf_config=self.hf_config, tokenizer=self.tokenizer, mesh=self.mesh,
+                             weight_prefix=self.weight_prefix)
+
     @classmethod
     def random(cls, hf_config: Any, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None,
                tokenizer: Any = None) -> "LanguageModel":

@@ -78,6 +78,10 @@ class GRPOConfig:
     # recompute each decoder layer in the update's backward pass instead of keeping its residuals:
     # about a fifth of the compiled update's temporary memory, and faster on CPU (benchmarks/grpo_update_profile.py)
     remat: bool = True
+    # how the sampler's decode loop runs the layers (`ModelConfig.unroll_decode`): null = the model's own
+    # setting (by default unrolled when the layer weights take at most 64 MiB), true = unrolled over
+    # per-layer arrays (faster; one copy of the layer weights while generating), false = the layer scan
+    unroll_decode: bool | None = None
     # the update runs each prompt through the model once for its num_generations completions and shares its
     # keys and values with them (the same numbers; micro-batches must then hold whole groups)
     shared_prefix: bool = True

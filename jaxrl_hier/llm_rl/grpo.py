@@ -81,6 +81,8 @@ class GRPO:
         self.config = c = config.resolved()
         if hasattr(lm, "with_remat"):  # the same arrays; only how the update's backward pass runs
             lm = lm.with_remat(c.remat)
+        if c.unroll_decode is not None and hasattr(lm, "with_unroll_decode"):  # the same arrays again
+            lm = lm.with_unroll_decode(c.unroll_decode)
         self.lm, self.tokenizer, self.task = lm, tokenizer, task
         # rows come in groups of G completions of one prompt (rollout.sample_groups, DAPO's kept groups);
         # a micro-batch that cut a group could not share its prompt (validate() refuses that config)

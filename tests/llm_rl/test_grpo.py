@@ -112,8 +112,12 @@ def test_dr_grpo_with_host_rewards_matches_device_rewards(warm):
     problems, rollout, total, parts, _, _ = trainer._sample_and_score(state, 0, 0, jax.random.key(4))
     host_total, host_parts = trainer._host_rewards(problems, rollout)
     np.testing.assert_allclose(np.asarray(total), np.asarray(host_total))
-    host_cfg = dataclasses.replace(cfg, jax_rewards=False)
+    # the host-reward trainer also decodes with the layer scan (`unroll_decode: false`): the same rollout
+    host_cfg = dataclasses.replace(cfg, jax_rewards=False, unroll_decode=False)
     host = make_train(host_cfg, fresh_model(warm), warm[3], warm[4])
+    assert host.lm.config.unroll_decode is False and trainer.lm.config.unroll_decode is None
     state = host.init(jax.random.key(3))
+    scan_rollout = host._sample_and_score(state, 0, 0, jax.random.key(4))[1]
+    np.testing.assert_array_equal(np.asarray(scan_rollout.tokens), np.asarray(rollout.tokens))
     state, metrics, _ = host.step(state)
     assert np.isfinite(metrics["loss"])
