@@ -12,7 +12,7 @@ Method, per batch size B (prompt length P, N new tokens, `jaxrl_hier.llm.generat
   `--bandwidth-gbs` (default 4800, an H200); on CPU, unless given, it is measured with a large copy.
 
 `--unroll-decode on|off` forces how the decode loop runs the layers (`ModelConfig.unroll_decode`;
-`auto`, the default, unrolls them when the layer weights take at most 64 MiB).
+`auto`, the default, unrolls them when the layer weights take at most 1 GiB).
 
 Writes <out>/llm_throughput.json (device, versions, compile_s, records) and llm_throughput.png.
 """

@@ -79,7 +79,7 @@ class GRPOConfig:
     # about a fifth of the compiled update's temporary memory, and faster on CPU (benchmarks/grpo_update_profile.py)
     remat: bool = True
     # how the sampler's decode loop runs the layers (`ModelConfig.unroll_decode`): null = the model's own
-    # setting (by default unrolled when the layer weights take at most 64 MiB), true = unrolled over
+    # setting (by default unrolled when the layer weights take at most 1 GiB), true = unrolled over
     # per-layer arrays (faster; one copy of the layer weights while generating), false = the layer scan
     unroll_decode: bool | None = None
     # the update runs each prompt through the model once for its num_generations completions and shares its
