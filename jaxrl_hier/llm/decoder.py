@@ -221,7 +221,8 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     """One pre-norm block: x + attn(norm(x)), then + mlp(norm(x)).
 
     `kv` is the whole stacked cache [L, B, kv_heads, S, D] (k, v): this layer writes its new keys
-    and values at (layer, :, :, cache_index) in place and reads its own slice back."""
+    and values at (layer, :, :, cache_index) in place and reads its own slice back. With `layer`
+    None, `kv` is this layer's own cache [B, kv_heads, S, D] (the unrolled decode loop)."""
     q, k, v = _qkv(config, x, p, lora, scale, rope)
     if kv is not None and layer is None:  # this layer's own cache buffers [B, kv_heads, S, D] (unrolled layers)
         zero = jnp.zeros((), jnp.int32)
@@ -288,7 +289,8 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
             lp = lora_layers[i] if lora is not None else {}
             x, kv = _layer(config, x, p, lp, scale, windows[i], rope, allowed, offsets, kv, None, cache_index, mesh)
             if kv is not None:
-                ks.append(kv[0]); vs.append(kv[1])
+                ks.append(kv[0])
+                vs.append(kv[1])
         x = L.norm(x, params["final_norm"], config)
         return x, (None if cache is None else KVCache(tuple(ks), tuple(vs)))
     if cache is None:
