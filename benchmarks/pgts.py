@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mcts", type=int, nargs="+", default=[8, 16, 32], help="MCTS simulation budgets")
     parser.add_argument("--throughput-batch", type=int, default=32)
     parser.add_argument("--throughput-steps", type=int, default=16)
+    parser.add_argument("--unroll-decode", choices=("auto", "on", "off"), default="auto",
+                        help="the generator's decode loop: layers unrolled (on), the layer scan (off), or by size")
     parser.add_argument("--throughput-only", action="store_true",
                         help="only the throughput figure (needs the run's sft/ and reward_model/ stages), to throughput.json")
     args = parser.parse_args(argv)
@@ -120,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         lm, _ = run_sft_stage(sft_cfg, ns, run_dir, lm, tokenizer, task, mesh)
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, run_dir, lm, tokenizer, task)
     test = task.problems("test", config.eval_problems, config.seed)
+    if args.unroll_decode != "auto":  # how the generator's decode loop runs the layers (ModelConfig.unroll_decode)
+        lm = lm.with_unroll_decode(args.unroll_decode == "on")
     if args.throughput_only:
         env = cli.build_env(config, lm, rm, tokenizer)
         env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
         tp = throughput(env, env_params, batch=args.throughput_batch, steps=args.throughput_steps, seed=config.seed)
+        tp["unroll_decode"] = args.unroll_decode
         atomic_write_json(args.out / "throughput.json", tp)
         print(json.dumps(tp, indent=1))
         return 0
