@@ -60,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
+from jaxrl_hier.bench import UNROLL_DECODE  # noqa: E402
 from jaxrl_hier.config import ConfigError  # noqa: E402
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
 
@@ -393,7 +394,7 @@ def bench_ours(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, be
                         num_iterations=1, jax_rewards=False,
                         suppress_tokens=tuple(special_ids(tok, lm.config.vocab_size)), seed=settings.seed,
                         placement=placement, eval_every=0, dtype=settings.dtype, lora_rank=settings.lora_rank,
-                        unroll_decode={"auto": None, "on": True, "off": False}[settings.unroll_decode])
+                        unroll_decode=UNROLL_DECODE[settings.unroll_decode])
     problems = [Problem(prompt=p, answer="0", target="") for p in prompts]
     trainer = make_train(config, lm, tok, None, lora=build_lora(config, lm),
                          reward_fn=lambda probs, texts: reward_fn([p.prompt for p in probs], texts))
@@ -641,7 +642,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning; else LoRA of this rank on q/k/v/o")
     p.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu", help="where the workers run")
-    p.add_argument("--unroll-decode", choices=("auto", "on", "off"), default="auto",
+    p.add_argument("--unroll-decode", choices=list(UNROLL_DECODE), default="auto",
                    help="ours: how the decode loop runs the layers (GRPOConfig.unroll_decode; auto = by size)")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)

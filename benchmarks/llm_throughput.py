@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hier.bench import UNROLL_DECODE
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
 from jaxrl_hier.llm import decoder, memory, sampling
 
@@ -68,9 +69,6 @@ class RandomLM(NamedTuple):
         return decoder.unstack_layers(params, lora, cache)
 
 
-UNROLL = {"auto": None, "on": True, "off": False}
-
-
 def build(preset: str, seed: int, unroll_decode: str = "auto") -> tuple[RandomLM, Any, dict[str, Any]]:
     """A random model shaped like `preset` (config from a hand-written dict, no download)."""
     import dataclasses
@@ -80,7 +78,7 @@ def build(preset: str, seed: int, unroll_decode: str = "auto") -> tuple[RandomLM
     fields = dict(PRESETS[preset])
     dtype = jnp.dtype(fields.pop("dtype"))
     hf = transformers.Qwen2Config(**{k: v for k, v in fields.items() if k != "model_type"})
-    config = dataclasses.replace(decoder.ModelConfig.from_hf(hf), unroll_decode=UNROLL[unroll_decode])
+    config = dataclasses.replace(decoder.ModelConfig.from_hf(hf), unroll_decode=UNROLL_DECODE[unroll_decode])
     params = decoder.init_params(config, jax.random.key(seed), dtype)
     return RandomLM(config, dtype), params, dict(PRESETS[preset])
 
@@ -189,7 +187,7 @@ def main() -> None:
     parser.add_argument("--bandwidth-gbs", type=float, default=None,
                         help="device memory bandwidth; default: 4800 (H200) on GPU, measured on CPU")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--unroll-decode", choices=list(UNROLL), default="auto",
+    parser.add_argument("--unroll-decode", choices=list(UNROLL_DECODE), default="auto",
                         help="ModelConfig.unroll_decode: auto (by the layer weights' size), on or off")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
     args = parser.parse_args()

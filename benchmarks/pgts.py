@@ -77,6 +77,8 @@ def throughput(env, env_params, *, batch: int, steps: int, seed: int = 0) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
+    from jaxrl_hier.bench import UNROLL_DECODE
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, default=None, help="a finished pgts run (default: run one in OUT/run)")
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mcts", type=int, nargs="+", default=[8, 16, 32], help="MCTS simulation budgets")
     parser.add_argument("--throughput-batch", type=int, default=32)
     parser.add_argument("--throughput-steps", type=int, default=16)
-    parser.add_argument("--unroll-decode", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--unroll-decode", choices=list(UNROLL_DECODE), default="auto",
                         help="the generator's decode loop: layers unrolled (on), the layer scan (off), or by size")
     parser.add_argument("--throughput-only", action="store_true",
                         help="only the throughput figure (needs the run's sft/ and reward_model/ stages), to throughput.json")
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, run_dir, lm, tokenizer, task)
     test = task.problems("test", config.eval_problems, config.seed)
     if args.unroll_decode != "auto":  # how the generator's decode loop runs the layers (ModelConfig.unroll_decode)
-        lm = lm.with_unroll_decode(args.unroll_decode == "on")
+        lm = lm.with_unroll_decode(UNROLL_DECODE[args.unroll_decode])
     if args.throughput_only:
         env = cli.build_env(config, lm, rm, tokenizer)
         env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)

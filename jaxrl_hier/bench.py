@@ -12,6 +12,10 @@ from typing import Any, Callable
 import jax
 
 
+#: the benchmark scripts' `--unroll-decode` choices -> `ModelConfig.unroll_decode` (auto: the decoder's size rule)
+UNROLL_DECODE = {"auto": None, "on": True, "off": False}
+
+
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
