@@ -58,23 +58,22 @@ class LanguageModel(_Model):
         super().__init__(config, params, **kw)
         self._logits_fn = jax.jit(self._logits)
 
+    def _with_execution(self, **changes: Any) -> "LanguageModel":
+        """This model (the same parameter arrays, no copy) with execution fields of its config changed."""
+        if all(getattr(self.config, k) == v for k, v in changes.items()):
+            return self
+        return LanguageModel(dataclasses.replace(self.config, **changes), self.params, hf_config=self.hf_config,
+                             tokenizer=self.tokenizer, mesh=self.mesh, weight_prefix=self.weight_prefix)
+
     def with_remat(self, remat: bool) -> "LanguageModel":
         """This model (the same parameter arrays, no copy) with the layers rematerialised in the
         backward pass (`ModelConfig.remat`), or not."""
-        if self.config.remat == bool(remat):
-            return self
-        return LanguageModel(dataclasses.replace(self.config, remat=bool(remat)), self.params,
-                             hf_config=self.hf_config, tokenizer=self.tokenizer, mesh=self.mesh,
-                             weight_prefix=self.weight_prefix)
+        return self._with_execution(remat=bool(remat))
 
     def with_unroll_decode(self, unroll: bool | None) -> "LanguageModel":
         """This model (the same parameter arrays, no copy) with the sampler's decode loop unrolled over
         the layers (True), as a layer scan (False) or chosen by size (None): `ModelConfig.unroll_decode`."""
-        if self.config.unroll_decode == unroll:
-            return self
-        return LanguageModel(dataclasses.replace(self.config, unroll_decode=unroll), self.params,
-                             hf_config=self.hf_config, tokenizer=self.tokenizer, mesh=self.mesh,
-                             weight_prefix=self.weight_prefix)
+        return self._with_execution(unroll_decode=unroll)
 
     @classmethod
     def random(cls, hf_config: Any, key: jax.Array, dtype: Any = jnp.float32, mesh: Mesh | None = None,
