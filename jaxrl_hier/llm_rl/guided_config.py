@@ -25,9 +25,10 @@ class GuidedConfig:
     task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
     hint_wrong_fraction: float = 0.5  # two_turn warm-start: share of hint / turn-2 examples after a wrong answer
     hint_max_offset: int = 3          # ... whose wrong turn-1 answers are the answer +- 1..hint_max_offset
-    # the rule's warm-start hints: "verdict" (lower / higher / right / none) or "step" (right, else the
-    # first step of the worked solution: arithmetic, or GSM8K-format files with worked answers)
-    hint_kind: Literal["verdict", "step"] = "verdict"
+    # the rule's warm-start hints: "verdict" (lower / higher / right / none), "step" (right, else the
+    # first step of the worked solution: arithmetic, or GSM8K-format files with worked answers) or
+    # "reduce" (arithmetic worked out up to its last operation, whatever turn 1 said)
+    hint_kind: Literal["verdict", "step", "reduce"] = "verdict"
     # two_turn: turn 1 is rewarded with its own correctness and the last turn with the change, so the hint's
     # return is what it added (the episode's return is unchanged; TwoTurnEnv.shaped)
     reward_shaping: bool = False
@@ -134,6 +135,9 @@ class GuidedConfig:
         if self.hint_kind == "step" and self.env == "two_turn" and self.task not in ("arithmetic", "gsm8k"):
             raise ConfigError(f"hint_kind: step needs a task with worked solutions (arithmetic or gsm8k), got "
                               f"task: {self.task}; use hint_kind: verdict.")
+        if self.hint_kind == "reduce" and self.env == "two_turn" and self.task != "arithmetic":
+            raise ConfigError(f"hint_kind: reduce works out an arithmetic expression up to its last operation; "
+                              f"task: {self.task} has none. Use hint_kind: step or verdict.")
         if not 0.0 < self.tau <= 1.0:
             raise ConfigError(f"tau (the Polyak step of the target critic) must be in (0, 1], got {self.tau}.")
         if not 0.0 <= self.gamma <= 1.0:

@@ -35,6 +35,16 @@ def render_expression(operands: list[int], ops: list[str]) -> str:
     return "".join(f"{a}{op}" for a, op in zip(operands, ops)) + str(operands[-1])
 
 
+def reductions(operands: list[int], ops: list[str]) -> list[str]:
+    """The expression after each operation worked out (in `reduce_once`'s order) down to its last
+    operation: `9-2+1-3` -> [`7+1-3`, `8-3`]; an expression of one operation is its own list."""
+    out = []
+    while len(ops) > 1:
+        _, operands, ops = reduce_once(operands, ops)
+        out.append(render_expression(operands, ops))
+    return out or [render_expression(operands, ops)]
+
+
 def worked_steps(operands: list[int], ops: list[str]) -> tuple[list[str], int]:
     """The solution lines of `operands[0] ops[0] operands[1] ...`, one operation each, in
     standard precedence, and the value. Multiplications go first (leftmost first), then + and -
@@ -82,8 +92,10 @@ class ArithmeticTask:
         answer = str(value)
         target = "\n".join((lines if self.worked else []) + [f"#### {answer}"])
         return Problem(prompt=f"{expression}=", answer=answer, target=target,
-                       meta={"expression": expression,  # and the problem one operation closer to its answer:
-                             "reduced": render_expression(*reduce_once(operands, ops)[1:])})
+                       meta={"expression": expression,  # and the problem one operation closer to its answer,
+                             "reduced": render_expression(*reduce_once(operands, ops)[1:]),
+                             # and the expressions on the way down to its last operation
+                             "reductions": " ".join(reductions(operands, ops))})
 
     def _draw(self, rng: random.Random) -> Problem:
         operands = [rng.randrange(10**self.digits) for _ in range(self.steps + 1)]

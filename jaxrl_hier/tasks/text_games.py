@@ -15,7 +15,10 @@ per episode (static shapes). Every environment also yields supervised warm-start
   low, `right` when it is correct, `none` without an answer line; `step` says `right` when the
   answer is correct and otherwise gives the problem one step closer to its answer (arithmetic:
   the expression with its first operation worked out, `4-2` for `8-4-2=`; GSM8K-format files:
-  the first line of the worked answer).
+  the first line of the worked answer); `reduce` ignores the turn-1 answer and gives the problem
+  worked out one operation at a time down to its last one (arithmetic only: `7+1-3 8-3` for
+  `9-2+1-3=`), so the guidance does every operation but one, step by step, and the second answer
+  the last one: a division of the work.
 - `GuessNumberEnv`: guess a secret integer in [1, high]; the oracle answers `higher` or `lower`;
   reward -1 per turn that misses, 0 for the turn that hits, at most `max_turns` turns. Its
   warm-start guesses are uniform over the numbers still possible, so a policy that learns to halve
@@ -33,7 +36,7 @@ from jaxrl_hier.tasks.base import Problem, check_split_args, split_rng
 
 ACTOR, GUIDANCE = "actor", "guidance"
 HINTS = ("lower", "higher", "right", "none")  # the verdict kind's hints
-HINT_KINDS = ("verdict", "step")
+HINT_KINDS = ("verdict", "step", "reduce")
 
 
 # ----------------------------------------------------------------------------- two-turn problem solving
@@ -62,7 +65,13 @@ def first_step(problem: Problem) -> str | None:
 
 def rule_hint(task: Any, problem: Problem, completion: str, kind: str = "verdict") -> str:
     """The rule-based hint for a turn-1 completion (see module doc): verdict = lower / higher /
-    right / none; step = right, or the problem one step closer to its answer (`first_step`)."""
+    right / none; step = right, or the problem one step closer to its answer (`first_step`); reduce =
+    the problem worked out one operation at a time down to its last one, whatever the completion."""
+    if kind == "reduce":
+        if "reductions" not in problem.meta:
+            raise ConfigError(f"hint_kind: reduce needs the arithmetic task's expressions; {task.name} gave none "
+                              f"for {problem.prompt!r}.")
+        return problem.meta["reductions"]
     answer = extract_answer(completion)
     if kind == "step":
         if answer is not None and task.is_correct(problem, completion):
@@ -93,7 +102,7 @@ class TwoTurnEnv:
     answer_chars: int = 5
     wrong_fraction: float = 0.5  # share of warm-start hint / turn-2 examples with a wrong turn-1 answer
     max_offset: int = 3          # wrong warm-start answers are the answer +- 1..max_offset
-    hint_kind: str = "verdict"   # the rule's hints: "verdict" (lower/higher/right/none) or "step"
+    hint_kind: str = "verdict"   # the rule's hints: "verdict" (lower/higher/right/none), "step" or "reduce"
     # turn 1 earns its answer's correctness and the last turn the change (turn 2's minus turn 1's):
     # the episode's return is still turn 2's correctness, but the hint's and the second answer's
     # returns are what they added (potential-based shaping, the latest answer's correctness as the

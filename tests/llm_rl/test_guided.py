@@ -225,6 +225,8 @@ def test_reward_shaping_is_refused_outside_the_two_turn_env():
     with pytest.raises(ConfigError, match="reward_shaping shapes the two_turn"):
         GuidedConfig(env="guess_number", reward_shaping=True).validate()
     GuidedConfig(reward_shaping=True).validate()
+    with pytest.raises(ConfigError, match="hint_kind: reduce works out an arithmetic expression"):
+        GuidedConfig(task="gsm8k", task_path="x.jsonl", hint_kind="reduce").validate()
 
 
 def records(path):

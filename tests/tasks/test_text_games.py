@@ -4,6 +4,7 @@ import pytest
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks import ArithmeticTask
+from jaxrl_hier.tasks.base import Problem
 from jaxrl_hier.tasks.text_games import (ACTOR, GUIDANCE, GuessNumberEnv, TwoTurnEnv, optimal_guess_turns,
                                          rule_hint)
 
@@ -80,6 +81,22 @@ def test_step_hints_give_the_first_worked_step_unless_right():
         assert not env.sft_well_formed(q, "#### 3") and not env.sft_well_formed(q, "")
     with pytest.raises(ConfigError, match="hint_kind must be one of"):
         TwoTurnEnv(env.task, hint_kind="digits")
+
+
+def test_reduce_hints_work_the_problem_down_to_its_last_operation_whatever_turn_1_said():
+    env = TwoTurnEnv(ArithmeticTask(operators="+-*", digits=1, steps=3), hint_kind="reduce")
+    p = env.task.make_problem([9, 2, 1, 3], ["-", "+", "-"])  # 9-2+1-3 = 5
+    assert {env.rule_hint(p, t) for t in ("#### 5", "#### 4", "five")} == {"7+1-3 8-3"}
+    q = env.task.make_problem([2, 3, 4, 5], ["+", "*", "-"])  # multiplication first: 2+12-5, then 14-5
+    assert env.rule_hint(q, "#### 9") == "2+12-5 14-5"
+    one = TwoTurnEnv(ArithmeticTask(operators="+", digits=1, steps=1), hint_kind="reduce")
+    assert one.rule_hint(one.task.make_problem([4, 5], ["+"]), "#### 1") == "4+5"  # nothing to work out
+    hints = [h for h in env.sft_problems("train", 60, 3) if h.meta.get("kind") == "hint"]
+    assert hints and all(h.target == h.meta["reductions"] and env.sft_well_formed(h, h.target) for h in hints)
+    turn2 = [h for h in env.sft_problems("train", 60, 3) if h.meta.get("kind") == "turn2"]
+    assert all(h.prompt.endswith(":" + h.meta["reductions"] + "\n") for h in turn2)
+    with pytest.raises(ConfigError, match="hint_kind: reduce needs the arithmetic task"):
+        rule_hint(env.task, Problem("2+2=", "4", "#### 4", {}), "#### 4", "reduce")
 
 
 def test_two_turn_warm_start_examples(two_turn):
