@@ -6,7 +6,7 @@ Loads RUN_DIR/sft/model (the backbone after the warm-start; adapters at identity
 the backbone), plays the held-out episodes of RUN_DIR/config.yaml greedily, and reports the
 environment's summary twice: with the guidance model's hints, and with the rule's hint of the config's
 `hint_kind` in their place (verdict: lower / higher / right / none; step: right, or the first step of
-the worked solution; either way it knows the answer); plus how often the guidance gives the rule's hint
+the worked solution; reduce: the problem worked down to its last operation; each knows the answer); plus how often the guidance gives the rule's hint
 when the turn-1 answer is wrong. The result file of the shipped config is
 benchmarks/results/cpu/guided_arithmetic/rule_hint_diagnostic.txt.
 """
