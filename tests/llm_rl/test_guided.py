@@ -3,6 +3,7 @@ step, the advantage, bad input refused before compiling, and one end-to-end CLI 
 gives the same numbers as the uninterrupted run."""
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -265,5 +266,17 @@ def test_guided_end_to_end_and_exact_resume(tmp_path, capsys):
     keys = ("train/turn1_accuracy", "train/hint_length", "critic/loss", "critic/q_mean", "actor/pg_loss",
             "guidance/kl", "eval/turn2_accuracy", "eval/hint_length")
     for a, b in zip(recs, resumed):
+        for key in keys:
+            assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
+
+    # A kill after iteration 4 was logged but before its checkpoint was written (the window between
+    # the two writes): --resume restores iteration 2, drops the logged rows 3 and 4, and replays them
+    # to the same numbers with the critic, target, adapters, optimisers and replay buffer restored.
+    shutil.rmtree(part / "checkpoints" / "4")
+    assert main(["--resume", "--output-dir", str(part), "--no-progress"]) == 0
+    assert "guided agent resumed at iteration 2" in capsys.readouterr().err
+    replayed = records(part / "metrics.jsonl")
+    assert [r["step"] for r in replayed] == [0, 1, 2, 3, 4]
+    for a, b in zip(recs, replayed):
         for key in keys:
             assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
