@@ -64,9 +64,7 @@ class RandomLM(NamedTuple):
 
     def decode_layout(self, params, lora, cache):
         """As LanguageModel's: per-layer arrays for the decode loop when `decoder.unrolls_decode`."""
-        if not decoder.unrolls_decode(self.config, params):
-            return params, lora, cache
-        return decoder.unstack_layers(params, lora, cache)
+        return decoder.decode_layout(self.config, params, lora, cache)
 
 
 def build(preset: str, seed: int, unroll_decode: str = "auto") -> tuple[RandomLM, Any, dict[str, Any]]:

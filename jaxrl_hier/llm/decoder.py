@@ -329,6 +329,15 @@ def unstack_layers(params: Params, lora: Lora | None, cache: KVCache) -> tuple[P
     return params, lora, KVCache(tuple(cache.k[i] for i in range(n)), tuple(cache.v[i] for i in range(n)))
 
 
+def decode_layout(config: ModelConfig, params: Params, lora: Lora | None,
+                  cache: KVCache) -> tuple[Params, Lora | None, KVCache]:
+    """What the sampler's decode loop runs on: per-layer weights and caches (`unstack_layers`) when
+    `unrolls_decode`, else the stacked arrays as they are."""
+    if not unrolls_decode(config, params):
+        return params, lora, cache
+    return unstack_layers(params, lora, cache)
+
+
 def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids: jax.Array, prefix_mask: jax.Array,
                                 input_ids: jax.Array, attention_mask: jax.Array, *, group: int,
                                 lora: Lora | None = None, mesh: Mesh | None = None) -> tuple[jax.Array, jax.Array]:

@@ -119,10 +119,8 @@ class LanguageModel(_Model):
 
     def decode_layout(self, params: Any, lora: Lora | None, cache: KVCache) -> tuple[Any, Lora | None, KVCache]:
         """What the sampler's decode loop runs on: per-layer weights and caches (`decoder.unstack_layers`)
-        when `decoder.unrolls_decode`, else the stacked arrays as they are."""
-        if not decoder.unrolls_decode(self.config, params):
-            return params, lora, cache
-        return decoder.unstack_layers(params, lora, cache)
+        when `decoder.unrolls_decode`, else the stacked arrays as they are (`decoder.decode_layout`)."""
+        return decoder.decode_layout(self.config, params, lora, cache)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache; dtype defaults to the weights' dtype."""
