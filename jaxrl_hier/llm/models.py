@@ -119,8 +119,11 @@ class LanguageModel(_Model):
 
     def decode_layout(self, params: Any, lora: Lora | None, cache: KVCache) -> tuple[Any, Lora | None, KVCache]:
         """What the sampler's decode loop runs on: per-layer weights and caches (`decoder.unstack_layers`)
-        when `decoder.unrolls_decode`, else the stacked arrays as they are (`decoder.decode_layout`)."""
-        return decoder.decode_layout(self.config, params, lora, cache)
+        when `decoder.unrolls_decode`, else the stacked arrays as they are (`decoder.decode_layout`).
+        The fused q|k|v and gate|up kernels are left out on a mesh that splits heads over "tensor"
+        (the concatenation would regather them)."""
+        tensor = self.mesh is not None and self.mesh.shape.get("tensor", 1) > 1
+        return decoder.decode_layout(self.config, params, lora, cache, fuse=not tensor)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache; dtype defaults to the weights' dtype."""

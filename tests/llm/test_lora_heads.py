@@ -164,22 +164,35 @@ def test_classification_head_on_pooled_encoder_output():
 
 def test_unrolled_decode_equals_the_layer_scan(lm):
     """The sampler's decode loop over per-layer arrays (`unroll_decode`) gives the layer scan's
-    tokens and log-probs, with a LoRA adapter and left padding; the size rule picks it for this model."""
+    tokens and log-probs, with left padding and with a LoRA adapter on every projection, on q/v
+    only, or none; the size rule picks it for this model. Its layers get one q|k|v and one gate|up
+    kernel wherever no adapter rides on those projections."""
     import dataclasses
 
     from jaxrl_hier.llm import decoder, sampling
 
-    adapter = _randomise_b(init_lora(lm.config, LoraConfig(rank=4, alpha=8, target_modules=ALL),
-                                     jax.random.key(7)), jax.random.key(8))
     assert decoder.unrolls_decode(lm.config, lm.params)
     assert not decoder.unrolls_decode(dataclasses.replace(lm.config, unroll_decode=False), lm.params)
-    outs = []
-    for unroll in (True, False):
-        model = LanguageModel(dataclasses.replace(lm.config, unroll_decode=unroll), lm.params)
-        outs.append(jax.jit(lambda p, a, k, m=model: sampling.sample_tokens(
-            m, p, IDS, MASK, k, max_new_tokens=6, temperature=0.8, lora=a))(lm.params, adapter, jax.random.key(9)))
-    np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
-    np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs), atol=1e-6)
-    # the decode loop really ran on per-layer arrays: the cache comes out of it as one array per layer
-    params, _, cache = lm.decode_layout(lm.params, adapter, lm.init_cache(2, 10))
-    assert isinstance(params["layers"], tuple) and len(cache.k) == lm.config.num_layers
+    adapters = {"all": _randomise_b(init_lora(lm.config, LoraConfig(rank=4, alpha=8, target_modules=ALL),
+                                              jax.random.key(7)), jax.random.key(8)),
+                "q_v": _randomise_b(init_lora(lm.config, LoraConfig(rank=4, target_modules=("q_proj", "v_proj")),
+                                              jax.random.key(7)), jax.random.key(8)),
+                "none": None}
+    fused = {"all": set(), "q_v": {"gate_up_proj"}, "none": {"qkv_proj", "gate_up_proj"}}
+    for name, adapter in adapters.items():
+        outs = []
+        for unroll in (True, False):
+            model = LanguageModel(dataclasses.replace(lm.config, unroll_decode=unroll), lm.params)
+            outs.append(jax.jit(lambda p, a, k, m=model: sampling.sample_tokens(
+                m, p, IDS, MASK, k, max_new_tokens=6, temperature=0.8, lora=a))(lm.params, adapter, jax.random.key(9)))
+        np.testing.assert_array_equal(np.asarray(outs[0].tokens), np.asarray(outs[1].tokens))
+        np.testing.assert_allclose(np.asarray(outs[0].logprobs), np.asarray(outs[1].logprobs), atol=1e-6, rtol=1e-5)
+        # the decode loop really ran on per-layer arrays: the cache comes out of it as one array per layer
+        params, _, cache = lm.decode_layout(lm.params, adapter, lm.init_cache(2, 10))
+        assert isinstance(params["layers"], tuple) and len(cache.k) == lm.config.num_layers
+        layer = params["layers"][0]
+        assert {"qkv_proj", "gate_up_proj"} & set(layer) == fused[name], name
+        if "qkv_proj" in layer:  # the three kernels side by side, in order, and none left beside them
+            q, k, v = (lm.params["layers"][n]["kernel"][0] for n in ("q_proj", "k_proj", "v_proj"))
+            np.testing.assert_array_equal(np.asarray(layer["qkv_proj"]["kernel"]), np.concatenate([q, k, v], axis=-1))
+            assert not {"q_proj", "k_proj", "v_proj"} & set(layer)
