@@ -246,12 +246,45 @@ def _layer(config: ModelConfig, x: jax.Array, p: Params, lora: Params, scale: fl
     return _finish(config, x, attn, p, lora, scale, mesh), kv
 
 
-def _rematerialised(config: ModelConfig, body: Any) -> Any:
+# Under remat, keeping the projections' outputs as well spares the backward pass their matmuls:
+# the GRPO benchmark's update (32 sequences of 44 tokens, 3M parameters) took 7% less time on this
+# CPU. It costs memory per token and layer, about 14x the layer input for a Qwen2.5 shape, so it is
+# taken by default only while those outputs fit in this many bytes.
+REMAT_SAVED_DOTS_MAX_BYTES = 2**28
+
+
+def saved_dot_values(config: ModelConfig, lora_targets: tuple[str, ...] = (), lora_rank: int = 0) -> int:
+    """Values per token and layer that `remat_save_dots` keeps: every projection's output, and for
+    each LoRA target its x @ a (rank values) and (x @ a) @ b (the projection's width)."""
+    from jaxrl_hier.llm.lora import proj_shapes
+
+    shapes = {k: v for k, v in proj_shapes(config).items() if k != "gate_proj" or config.gated_mlp}
+    return sum(out for _, out in shapes.values()) + sum(lora_rank + shapes[t][1] for t in lora_targets)
+
+
+def saves_dots(config: ModelConfig, tokens: int, itemsize: int, lora_targets: tuple[str, ...] = (),
+               lora_rank: int = 0) -> bool:
+    """Whether a remat forward over `tokens` tokens keeps the projections' outputs (`ModelConfig.remat_save_dots`)."""
+    if config.remat_save_dots is not None:
+        return config.remat_save_dots
+    values = config.num_layers * tokens * saved_dot_values(config, lora_targets, lora_rank)
+    return values * itemsize <= REMAT_SAVED_DOTS_MAX_BYTES
+
+
+def _rematerialised(config: ModelConfig, body: Any, tokens: int, itemsize: int, lora: Lora | None) -> Any:
     """The layer-scan body under jax.checkpoint when `config.remat` (training without a cache): the
-    backward pass keeps only each layer's input and recomputes the layer."""
+    backward pass keeps each layer's input (and, by `saves_dots`, its projections' outputs) and
+    recomputes the rest of the layer."""
     if not config.remat:
         return body
-    return jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+    targets, rank = (), 0
+    if lora is not None:
+        targets = tuple(lora.params["layers"])
+        rank = max(ab["a"].shape[-1] for ab in lora.params["layers"].values())
+    keep = saves_dots(config, tokens, itemsize, targets, rank)
+    # the projections are 2-D matmuls (layers.dense); attention's batched products are recomputed
+    policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable if keep else jax.checkpoint_policies.nothing_saveable
+    return jax.checkpoint(body, policy=policy)
 
 
 def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, attention_mask: jax.Array, *,
@@ -301,7 +334,7 @@ def hidden_states(config: ModelConfig, params: Params, input_ids: jax.Array, att
         x = L.norm(x, params["final_norm"], config)
         return x, (None if cache is None else KVCache(tuple(ks), tuple(vs)))
     if cache is None:
-        body = _rematerialised(config, body)
+        body = _rematerialised(config, body, b * t, x.dtype.itemsize, lora)
     kv0 = None if cache is None else (cache.k, cache.v)
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     (x, kv), _ = jax.lax.scan(body, (x, kv0), (params["layers"], lora_layers, windows, layer_ids))
@@ -419,7 +452,7 @@ def shared_prefix_hidden_states(config: ModelConfig, params: Params, prefix_ids:
         attn_c = _attend(config, qc, k_c, v_c, window, allowed_c, offsets_c)
         return (_finish(config, xp, attn_p, p, lp, scale, mesh), _finish(config, xc, attn_c, p, lp, scale, mesh)), None
 
-    body = _rematerialised(config, body)
+    body = _rematerialised(config, body, prefix_ids.size + input_ids.size, xp.dtype.itemsize, lora)
     windows = jnp.asarray(config.windows, jnp.int32)
     (xp, xc), _ = jax.lax.scan(body, (xp, xc), (params["layers"], lora_layers, windows))
     return L.norm(xp, params["final_norm"], config), L.norm(xc, params["final_norm"], config)

@@ -36,7 +36,8 @@ Where each figure comes from:
     their copy in the activation dtype (for the value product), 4 + act bytes each; 0 with
     `flash_attention=True` (a fused kernel keeps no T * T matrix);
   - training keeps all layers (`remat=True` models per-layer checkpointing instead: the layer inputs
-    L * B * T * H plus one layer recomputed); a forward-only model keeps one layer at a time;
+    L * B * T * H plus one layer recomputed, and the projections' outputs where the decoder keeps
+    them, `decoder.saves_dots`); a forward-only model keeps one layer at a time;
   - embeddings and final norm: 2 B * T * H values;
   - LM logits in float32 ([B, c, V] with c = min(logits_chunk, T - 1) positions at a time as
     `jaxrl_hier.llm.token_logprobs` scores them, fewer rows than B where that would pass
@@ -400,7 +401,15 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
     if not training:
         return layer + logits + edges
     if spec.remat:
-        return cfg.num_layers * batch * seq * cfg.hidden_size * act + layer + logits + edges
+        kept = cfg.num_layers * batch * seq * cfg.hidden_size * act
+        from jaxrl_hier.llm import decoder
+        from jaxrl_hier.llm.lora import resolve_targets
+
+        targets = resolve_targets(cfg, spec.lora_targets) if spec.train == "lora" else ()
+        # the decoder decides on the micro-batch its program runs (all devices' rows)
+        if decoder.saves_dots(cfg, (spec.micro_batch or spec.batch) * seq, act, targets, spec.lora_rank):
+            kept += cfg.num_layers * batch * seq * decoder.saved_dot_values(cfg, targets, spec.lora_rank) * act // tensor
+        return kept + layer + logits + edges
     return cfg.num_layers * layer + logits + edges
 
 

@@ -71,6 +71,10 @@ class ModelConfig:
     # without a KV cache, keep only each layer's input for the backward pass and recompute the
     # layer there (jax.checkpoint), as the memory planner's `remat=True` assumes
     remat: bool = False
+    # with `remat`, also keep the outputs of each layer's dense projections (q, k, v, o, gate, up,
+    # down and their LoRA products), so that the backward pass recomputes only norms, attention and
+    # activations: True, False, or None = when they take at most `decoder.REMAT_SAVED_DOTS_MAX_BYTES`
+    remat_save_dots: bool | None = None
     # how the sampler's decode loop runs the layers: True = a Python loop over per-layer weight
     # and cache arrays (sliced once per generate call: no per-step slice copies, but one copy of
     # the layer weights while generating), False = the layer scan over the stacked arrays, None =

@@ -65,10 +65,10 @@ class LanguageModel(_Model):
         return LanguageModel(dataclasses.replace(self.config, **changes), self.params, hf_config=self.hf_config,
                              tokenizer=self.tokenizer, mesh=self.mesh, weight_prefix=self.weight_prefix)
 
-    def with_remat(self, remat: bool) -> "LanguageModel":
+    def with_remat(self, remat: bool, save_dots: bool | None = None) -> "LanguageModel":
         """This model (the same parameter arrays, no copy) with the layers rematerialised in the
-        backward pass (`ModelConfig.remat`), or not."""
-        return self._with_execution(remat=bool(remat))
+        backward pass (`ModelConfig.remat`), or not; `save_dots`: `ModelConfig.remat_save_dots`."""
+        return self._with_execution(remat=bool(remat), remat_save_dots=save_dots)
 
     def with_unroll_decode(self, unroll: bool | None) -> "LanguageModel":
         """This model (the same parameter arrays, no copy) with the sampler's decode loop unrolled over

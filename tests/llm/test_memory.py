@@ -174,6 +174,26 @@ def test_activation_switches():
     assert memory.plan([dataclasses.replace(actor, logits_chunk=0)]).models[0].activations > base
 
 
+def test_remat_counts_the_projection_outputs_the_decoder_keeps(monkeypatch):
+    """With remat, a program small enough for the decoder to keep its projections' outputs
+    (`decoder.saves_dots`) is planned with them: L * B * T * values per token, LoRA's products included."""
+    from jaxrl_hier.llm import decoder
+    from jaxrl_hier.llm.lora import proj_shapes
+
+    for train in ("full", "lora"):
+        actor, _ = _actor_ref(train)
+        remat = dataclasses.replace(actor, remat=True)
+        cfg = memory.model_config_of(actor.config)
+        kept = memory.plan([remat]).models[0].activations
+        monkeypatch.setattr(decoder, "REMAT_SAVED_DOTS_MAX_BYTES", 0)
+        inputs_only = memory.plan([remat]).models[0].activations
+        monkeypatch.undo()
+        shapes = proj_shapes(cfg)
+        targets = ("q_proj", "k_proj", "v_proj", "o_proj") if train == "lora" else ()
+        values = sum(out for _, out in shapes.values()) + sum(actor.lora_rank + shapes[t][1] for t in targets)
+        assert kept - inputs_only == cfg.num_layers * actor.batch * actor.seq_len * values * 2, train
+
+
 def test_capacity_verdict_and_bad_input():
     actor, ref = _actor_ref("lora")
     assert memory.plan([actor, ref], capacity_gib=80).fits is True

@@ -11,7 +11,7 @@ import pytest
 import transformers
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm import LanguageModel, sampling
+from jaxrl_hier.llm import LanguageModel, decoder, sampling
 from jaxrl_hier.llm.sampling import sample_tokens, token_logprobs
 
 V = 29
@@ -149,6 +149,16 @@ def test_remat_gives_the_same_gradients_with_less_compiled_memory(lm):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
     temp = lambda c: c.memory_analysis().temp_size_in_bytes  # noqa: E731
     assert temp(remat_c) < 0.7 * temp(plain_c), (temp(remat_c), temp(plain_c))
+    # these shapes are small enough that remat keeps the projections' outputs (decoder.saves_dots);
+    # keeping only the layer inputs gives the same gradients in less memory still
+    assert decoder.saves_dots(remat.config, ids.size, 4)
+    assert not decoder.saves_dots(remat.config, ids.size * 10**5, 4)
+    inputs_only = lm.with_remat(True, save_dots=False)
+    inputs_c = grad_program(inputs_only)
+    g_i, lp_i = inputs_c(lm.params)
+    for a, b in zip(jax.tree_util.tree_leaves(g_p), jax.tree_util.tree_leaves(g_i)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-5)
+    assert temp(inputs_c) < temp(remat_c), (temp(inputs_c), temp(remat_c))
     key = jax.random.key(5)
     outs = [sampling.generate(m, lm.params, IDS, MASK, key=key, max_new_tokens=N, buckets=[IDS.shape[1]])
             for m in (lm, remat)]
