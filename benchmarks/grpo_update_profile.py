@@ -13,9 +13,12 @@ only programs timed side by side compare.
 - `hidden_forward` / `hidden_grad`: the decoder's hidden states alone, and the gradient of a sum
   over them (no vocabulary projection, no loss);
 - `update`: the GRPO loss's gradient and one AdamW step with every layer's residuals kept (`remat: false`);
-- `update_remat`: the same with the layers recomputed in the backward pass (`remat: true`);
-- `update_remat_shared`: and each prompt run once for its 4 completions (`shared_prefix: true`):
-  what GRPO runs by default;
+- `update_remat`: the same with the layers recomputed in the backward pass from their inputs alone
+  (`remat: true`, `ModelConfig.remat_save_dots: false`);
+- `update_remat_shared_inputs_only`: and each prompt run once for its 4 completions (`shared_prefix: true`);
+- `update_remat_shared`: the same keeping the projections' outputs too, so the backward pass
+  recomputes no matmul (`remat_save_dots` by size, which keeps them on these shapes): what GRPO
+  runs by default;
 - `update_unrolled`: `update` with every `lax.scan` unrolled (the layer loop included);
 - `update_3d_dense`: `update` with the dense layers as [B, T, H] @ [H, O] products, as before they
   were reshaped to one 2-D matmul (`llm.layers.dense`).
@@ -125,7 +128,9 @@ def main() -> None:
             "hidden_forward": compile_row(hidden, params),
             "hidden_grad": compile_row(jax.grad(lambda p: jnp.sum(hidden(p) ** 2)), params),
             "update": compile_row(update, params, opt_state),
-            "update_remat": compile_row(make_update(lm.with_remat(True)), params, opt_state),
+            "update_remat": compile_row(make_update(lm.with_remat(True, save_dots=False)), params, opt_state),
+            "update_remat_shared_inputs_only": compile_row(make_update(lm.with_remat(True, save_dots=False), G),
+                                                           params, opt_state),
             "update_remat_shared": compile_row(make_update(lm.with_remat(True), G), params, opt_state)}
     # the same update traced with a patched library: every lax.scan unrolled (the layer loop
     # included), and the dense layers as [B, T, H] @ [H, O] products (before they were reshaped to 2-D)

