@@ -1,0 +1,125 @@
+"""What a search in PGTS's action space can gain with a run's generator and reward model: a hand-written rule.
+
+    python benchmarks/pgts_rule_search.py --run-dir RUN --out DIR [--rules 0.1:1 0.3:1 0.3:2]
+
+Loads a finished PGTS run (RUN/config.yaml, its SFT generator and reward model), and searches the
+config's held-out problems with a fixed rule instead of the trained policy, in the same env
+(`search.cli.build_env`, no token budget): Expand, and Terminate on an answer line; but when the
+step just generated scores below `tau` by the reward model and its parent has at most `extra`
+children, Branch (a sampled sibling of that step replaces it as the current node). With the
+config's `greedy_first_child`, `tau` below every score is chain-of-thought greedy. A rule that
+beats CoT shows what a policy could learn; one that cannot says the env's actions, this generator
+and this reward model leave a search little to gain. Writes DIR/pgts_rule_search.json and
+DIR/pgts_rule_search.md (accuracy, tokens per problem and nodes per search of each rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def make_rule_runner(env, env_params, tau: float, extra: int, max_actions: int = 64):
+    """A jitted `run(problem_ids [P], key) -> (correct, tokens, nodes)` of the rule (module docstring)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_hier.search.env import BRANCH, EXPAND
+
+    def one(problem, key):
+        obs, state = env.reset_to(problem)
+
+        def act(obs, state):
+            mask, cur = obs["action_mask"], state.current
+            parent = jnp.maximum(state.parent[cur], 0)
+            doubt = (cur != 0) & (state.score[cur] < tau) & (state.children[parent] <= extra) & mask[BRANCH]
+            return jnp.where(doubt, BRANCH, jnp.where(mask[EXPAND], EXPAND, env.terminate_action))
+
+        def body(carry):
+            obs, state, i, key = carry
+            key, sub = jax.random.split(key)
+            obs, state, *_ = env.step(sub, state, act(obs, state), env_params)
+            return obs, state, i + 1, key
+
+        _, state, _, _ = jax.lax.while_loop(lambda c: (~c[1].done) & (c[2] < max_actions), body,
+                                            (obs, state, jnp.int32(0), key))
+        return state.correct, state.tokens_used, state.num_nodes
+
+    return jax.jit(lambda problems, key: jax.vmap(one)(problems, jax.random.split(key, problems.shape[0])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", type=Path, required=True, help="a finished pgts run (sft/, reward_model/)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--rules", nargs="+", default=["0.1:1", "0.2:1", "0.3:1", "0.5:1", "0.3:2", "0.5:2"],
+                        help="tau:extra pairs (module docstring); chain-of-thought greedy is always run first")
+    args = parser.parse_args(argv)
+    try:
+        rules = [(float(r.split(":")[0]), int(r.split(":")[1])) for r in args.rules]
+    except (ValueError, IndexError):
+        print(f"error: --rules takes tau:extra pairs such as 0.3:1, got {args.rules}", file=sys.stderr)
+        return 2
+    if not (args.run_dir / "reward_model" / "DONE").is_file() or not (args.run_dir / "sft" / "model").is_dir():
+        print(f"error: {args.run_dir} holds no finished pgts SFT and reward-model stages "
+              "(sft/model, reward_model/DONE); run the pipeline first", file=sys.stderr)
+        return 2
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_hier.bench import device_info
+    from jaxrl_hier.config import ConfigError, build_dataclass, read_yaml
+    from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.llm import load_pretrained
+    from jaxrl_hier.search import cli
+    from jaxrl_hier.search.config import PGTSConfig
+
+    raw = read_yaml(args.run_dir / "config.yaml")
+    raw.pop("algorithm", None)
+    try:
+        config = build_dataclass(PGTSConfig, raw, source=str(args.run_dir / "config.yaml"))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    task, tokenizer = cli.make_task_and_tokenizer(config)
+    lm = load_pretrained(args.run_dir / "sft" / "model")
+    lm.tokenizer = tokenizer
+    rm, rm_params, rm_info = cli.run_reward_model_stage(config, args.run_dir, lm, tokenizer, task)
+    test = task.problems("test", config.eval_problems, config.seed)
+    env = cli.build_env(config, lm, rm, tokenizer, token_budget=10**9)
+    env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
+    rows = []
+    for tau, extra in [(-np.inf, 0), *rules]:
+        t0 = time.perf_counter()
+        correct, tokens, nodes = jax.device_get(make_rule_runner(env, env_params, tau, extra)(
+            jnp.arange(len(test)), jax.random.key(config.seed)))
+        rows.append(dict(rule="chain-of-thought (never branch)" if tau == -np.inf else f"branch below {tau:g}, "
+                         f"up to {extra} extra sibling{'s' if extra > 1 else ''}", tau=float(tau), extra=extra,
+                         accuracy=float(np.mean(correct)), tokens=float(np.mean(tokens)),
+                         nodes=float(np.mean(nodes)), seconds=time.perf_counter() - t0))
+        r = rows[-1]
+        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% at {r['tokens']:.1f} tokens ({r['tokens'] / rows[0]['tokens']:.2f}x)"
+              f", {r['nodes']:.2f} nodes", flush=True)
+    table = ["| rule | accuracy | tokens / problem | tokens vs CoT | nodes |", "|---|---:|---:|---:|---:|"]
+    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {r['tokens']:.1f} | {r['tokens'] / rows[0]['tokens']:.2f}x "
+              f"| {r['nodes']:.2f} |" for r in rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "pgts_rule_search.json",
+                      {"benchmark": "pgts_rule_search", **device_info(), "run_dir": str(args.run_dir),
+                       "rm_labels": config.rm_labels, "reward_model": rm_info.get("eval"), "problems": len(test),
+                       "rows": rows})
+    atomic_write_text(args.out / "pgts_rule_search.md", "\n".join(table) + "\n")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
