@@ -184,3 +184,22 @@ def test_greedy_first_child_is_the_greedy_step_and_branches_are_sampled(setup):
     g = np.asarray(greedy.tokens[0])[np.asarray(greedy.mask[0]) > 0]
     assert firsts == {tuple(g)}
     assert len(siblings) > 1  # sampled at temperature 2 from a random model: not one fixed step
+
+
+def test_rule_search_branches_only_where_the_reward_model_doubts(setup):
+    """benchmarks/pgts_rule_search.py's rule: below every score it never branches (chain-of-thought, one
+    node per depth); above every score each generated step gets one extra sibling."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.pgts_rule_search import make_rule_runner
+
+    _, env, params, _ = setup
+    problems, key = jnp.arange(2), jax.random.key(3)
+    _, _, never = make_rule_runner(env, params, -np.inf, 0)(problems, key)
+    _, _, always = make_rule_runner(env, params, 2.0, 1)(problems, key)  # length_score is below 1
+    assert (np.asarray(never) <= D + 1).all()
+    # the first step is always doubted, so every search branches at least once; a search that no
+    # answer line ends early fills the tree
+    assert (np.asarray(always) >= 3).all() and (np.asarray(always) == N).any()
