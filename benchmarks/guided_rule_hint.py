@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -30,17 +31,15 @@ def main() -> None:
     import jax
     import numpy as np
 
-    from jaxrl_hier.config import build_dataclass, read_yaml
     from jaxrl_hier.io import atomic_write_text
     from jaxrl_hier.llm import load_pretrained
     from jaxrl_hier.llm_rl.guided import make_env, make_train
     from jaxrl_hier.llm_rl.guided_config import GuidedConfig
     from jaxrl_hier.tasks import build_char_tokenizer
     from jaxrl_hier.tasks.jax_rewards import decode_completions
+    from jaxrl_hier.train import load_saved_config
 
-    raw = read_yaml(os.path.join(args.run_dir, "config.yaml"))
-    raw.pop("algorithm", None)
-    cfg = build_dataclass(GuidedConfig, raw)
+    cfg = load_saved_config(GuidedConfig, Path(args.run_dir))
     env = make_env(cfg)
     tok = build_char_tokenizer()
     lm = load_pretrained(os.path.join(args.run_dir, "sft", "model"))

@@ -94,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from jaxrl_hier import train
-    from jaxrl_hier.config import build_dataclass, read_yaml
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
     from jaxrl_hier.search import cli
     from jaxrl_hier.search.config import PGTSConfig
@@ -109,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             return rc
         pipeline_s = time.perf_counter() - tick
-    raw = read_yaml(run_dir / "config.yaml")
-    raw.pop("algorithm", None)
-    config = build_dataclass(PGTSConfig, raw, source=str(run_dir / "config.yaml"))
+    config = train.load_saved_config(PGTSConfig, run_dir)
     task, tokenizer = cli.make_task_and_tokenizer(config)
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy

@@ -50,24 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     from jaxrl_hier.bench import device_info
-    from jaxrl_hier.config import build_dataclass, read_yaml
     from jaxrl_hier.io import atomic_write_json
-    from jaxrl_hier.llm import load_pretrained
     from jaxrl_hier.search import cli
-    from jaxrl_hier.search.config import PGTSConfig
     from jaxrl_hier.search.reward_model import (RewardModel, evaluate_reward_model, sample_path_data,
                                                 train_reward_model)
 
-    raw = read_yaml(args.run_dir / "config.yaml")
-    raw.pop("algorithm", None)
     try:
-        config = build_dataclass(PGTSConfig, raw, source=str(args.run_dir / "config.yaml"))
+        config, task, tokenizer, lm = cli.load_finished_run(args.run_dir)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    task, tokenizer = cli.make_task_and_tokenizer(config)
-    lm = load_pretrained(args.run_dir / "sft" / "model")
-    lm.tokenizer = tokenizer
     common = dict(temperature=config.temperature, prompt_length=config.max_prompt_length,
                   step_tokens=config.step_tokens, max_depth=config.max_depth)
     # the pipeline's own seeds (search/cli.py run_reward_model_stage), so --problems rm_problems is its data

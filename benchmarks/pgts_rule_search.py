@@ -76,22 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from jaxrl_hier.bench import device_info
-    from jaxrl_hier.config import ConfigError, build_dataclass, read_yaml
+    from jaxrl_hier.config import ConfigError
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
-    from jaxrl_hier.llm import load_pretrained
     from jaxrl_hier.search import cli
-    from jaxrl_hier.search.config import PGTSConfig
 
-    raw = read_yaml(args.run_dir / "config.yaml")
-    raw.pop("algorithm", None)
     try:
-        config = build_dataclass(PGTSConfig, raw, source=str(args.run_dir / "config.yaml"))
+        config, task, tokenizer, lm = cli.load_finished_run(args.run_dir)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    task, tokenizer = cli.make_task_and_tokenizer(config)
-    lm = load_pretrained(args.run_dir / "sft" / "model")
-    lm.tokenizer = tokenizer
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, args.run_dir, lm, tokenizer, task)
     test = task.problems("test", config.eval_problems, config.seed)
     env = cli.build_env(config, lm, rm, tokenizer, token_budget=10**9)

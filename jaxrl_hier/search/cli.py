@@ -39,6 +39,19 @@ def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
     return task, policy_tokenizer(config.model_path, "PGTS")
 
 
+def load_finished_run(run_dir: Path) -> tuple[PGTSConfig, Any, Any, Any]:
+    """A pipeline run's config, task, tokenizer and SFT generator (RUN/config.yaml, RUN/sft/model), for
+    the benchmarks that study a finished run; a bad config.yaml raises ConfigError."""
+    from jaxrl_hier.llm import load_pretrained
+    from jaxrl_hier.train import load_saved_config
+
+    config = load_saved_config(PGTSConfig, run_dir)
+    task, tokenizer = make_task_and_tokenizer(config)
+    lm = load_pretrained(run_dir / "sft" / "model")
+    lm.tokenizer = tokenizer
+    return config, task, tokenizer, lm
+
+
 def check_inputs(config: PGTSConfig, task: Any, tokenizer: Any) -> None:
     """Prompts, steps and whole solutions must fit the static shapes: checked before anything compiles."""
     from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
@@ -451,4 +464,5 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
     return rows
 
 
-__all__ = ["run_pgts", "evaluate_all", "results_table", "check_inputs", "build_env", "env_params_for"]
+__all__ = ["run_pgts", "evaluate_all", "results_table", "check_inputs", "build_env", "env_params_for",
+           "load_finished_run"]
