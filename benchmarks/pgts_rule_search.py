@@ -99,10 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                          accuracy=float(np.mean(correct)), tokens=float(np.mean(tokens)),
                          nodes=float(np.mean(nodes)), seconds=time.perf_counter() - t0))
         r = rows[-1]
-        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% at {r['tokens']:.1f} tokens ({r['tokens'] / rows[0]['tokens']:.2f}x)"
-              f", {r['nodes']:.2f} nodes", flush=True)
+        r["tokens_vs_cot"] = r["tokens"] / rows[0]["tokens"]
+        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% at {r['tokens']:.1f} tokens ({r['tokens_vs_cot']:.2f}x), "
+              f"{r['nodes']:.2f} nodes", flush=True)
     table = ["| rule | accuracy | tokens / problem | tokens vs CoT | nodes |", "|---|---:|---:|---:|---:|"]
-    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {r['tokens']:.1f} | {r['tokens'] / rows[0]['tokens']:.2f}x "
+    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {r['tokens']:.1f} | {r['tokens_vs_cot']:.2f}x "
               f"| {r['nodes']:.2f} |" for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "pgts_rule_search.json",

@@ -408,7 +408,8 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
         targets = resolve_targets(cfg, spec.lora_targets) if spec.train == "lora" else ()
         # the decoder decides on the micro-batch its program runs (all devices' rows)
         if decoder.saves_dots(cfg, (spec.micro_batch or spec.batch) * seq, act, targets, spec.lora_rank):
-            kept += cfg.num_layers * batch * seq * decoder.saved_dot_values(cfg, targets, spec.lora_rank) * act // tensor
+            values = decoder.saved_dot_values(cfg, targets, spec.lora_rank)
+            kept += cfg.num_layers * batch * seq * values * act // tensor
         return kept + layer + logits + edges
     return cfg.num_layers * layer + logits + edges
 
