@@ -29,7 +29,7 @@ from jax.sharding import Mesh
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm import layers as L
 from jaxrl_hier.llm import sharding
-from jaxrl_hier.llm.lora import Lora
+from jaxrl_hier.llm.lora import Lora, proj_shapes
 from jaxrl_hier.llm.model_config import ModelConfig
 
 Params = dict[str, Any]
@@ -256,8 +256,6 @@ REMAT_SAVED_DOTS_MAX_BYTES = 2**28
 def saved_dot_values(config: ModelConfig, lora_targets: tuple[str, ...] = (), lora_rank: int = 0) -> int:
     """Values per token and layer that `remat_save_dots` keeps: every projection's output, and for
     each LoRA target its x @ a (rank values) and (x @ a) @ b (the projection's width)."""
-    from jaxrl_hier.llm.lora import proj_shapes
-
     shapes = {k: v for k, v in proj_shapes(config).items() if k != "gate_proj" or config.gated_mlp}
     return sum(out for _, out in shapes.values()) + sum(lora_rank + shapes[t][1] for t in lora_targets)
 

@@ -381,13 +381,11 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
     act = dtype_bytes(spec.dtype)
     seq = spec.seq_len
     head = _head_of(cfg, spec.head)
-    lora_values = 0
-    if spec.train == "lora":
-        from jaxrl_hier.llm.lora import resolve_targets
+    from jaxrl_hier.llm.lora import resolve_targets
 
-        lora_values = spec.lora_rank * len(resolve_targets(cfg, spec.lora_targets))
+    targets = resolve_targets(cfg, spec.lora_targets) if spec.train == "lora" else ()
     layer = layer_activation_bytes(cfg, batch, seq, act, tensor=tensor, flash_attention=spec.flash_attention,
-                                   lora_values=lora_values, lora_bytes=dtype_bytes(spec.lora_dtype))
+                                   lora_values=spec.lora_rank * len(targets), lora_bytes=dtype_bytes(spec.lora_dtype))
     training = spec.train != "frozen"
     logits = 0
     if head == "lm":
@@ -401,11 +399,9 @@ def activation_bytes(config: Any, spec: ModelSpec, batch: int, tensor: int = 1) 
     if not training:
         return layer + logits + edges
     if spec.remat:
-        kept = cfg.num_layers * batch * seq * cfg.hidden_size * act
         from jaxrl_hier.llm import decoder
-        from jaxrl_hier.llm.lora import resolve_targets
 
-        targets = resolve_targets(cfg, spec.lora_targets) if spec.train == "lora" else ()
+        kept = cfg.num_layers * batch * seq * cfg.hidden_size * act
         # the decoder decides on the micro-batch its program runs (all devices' rows)
         if decoder.saves_dots(cfg, (spec.micro_batch or spec.batch) * seq, act, targets, spec.lora_rank):
             values = decoder.saved_dot_values(cfg, targets, spec.lora_rank)
