@@ -25,33 +25,23 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def make_rule_runner(env, env_params, tau: float, extra: int, max_actions: int = 64):
-    """A jitted `run(problem_ids [P], key) -> (correct, tokens, nodes)` of the rule (module docstring)."""
-    import jax
+def make_rule_runner(env, max_actions: int = 64):
+    """A jitted `run((tau, extra), env_params, problem_ids [P], key) -> (final TreeState [P], actions [P])`
+    of the rule (module docstring) on `search.baselines.make_runner`; tau and extra are traced, so
+    every rule runs on one compiled program."""
     import jax.numpy as jnp
 
+    from jaxrl_hier.search.baselines import make_runner
     from jaxrl_hier.search.env import BRANCH, EXPAND
 
-    def one(problem, key):
-        obs, state = env.reset_to(problem)
+    def act(rule, obs, state, key):
+        tau, extra = rule
+        mask, cur = obs["action_mask"], state.current
+        parent = jnp.maximum(state.parent[cur], 0)
+        doubt = (cur != 0) & (state.score[cur] < tau) & (state.children[parent] <= extra) & mask[BRANCH]
+        return jnp.where(doubt, BRANCH, jnp.where(mask[EXPAND], EXPAND, env.terminate_action))
 
-        def act(obs, state):
-            mask, cur = obs["action_mask"], state.current
-            parent = jnp.maximum(state.parent[cur], 0)
-            doubt = (cur != 0) & (state.score[cur] < tau) & (state.children[parent] <= extra) & mask[BRANCH]
-            return jnp.where(doubt, BRANCH, jnp.where(mask[EXPAND], EXPAND, env.terminate_action))
-
-        def body(carry):
-            obs, state, i, key = carry
-            key, sub = jax.random.split(key)
-            obs, state, *_ = env.step(sub, state, act(obs, state), env_params)
-            return obs, state, i + 1, key
-
-        _, state, _, _ = jax.lax.while_loop(lambda c: (~c[1].done) & (c[2] < max_actions), body,
-                                            (obs, state, jnp.int32(0), key))
-        return state.correct, state.tokens_used, state.num_nodes
-
-    return jax.jit(lambda problems, key: jax.vmap(one)(problems, jax.random.split(key, problems.shape[0])))
+    return make_runner(env, act, max_actions)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,10 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     env = cli.build_env(config, lm, rm, tokenizer, token_budget=10**9)
     env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
     rows = []
+    run = make_rule_runner(env)
     for tau, extra in [(-np.inf, 0), *rules]:
         t0 = time.perf_counter()
-        correct, tokens, nodes = jax.device_get(make_rule_runner(env, env_params, tau, extra)(
-            jnp.arange(len(test)), jax.random.key(config.seed)))
+        rule = (jnp.float32(tau), jnp.int32(extra))
+        states, _ = run(rule, env_params, jnp.arange(len(test)), jax.random.key(config.seed))
+        correct, tokens, nodes = jax.device_get((states.correct, states.tokens_used, states.num_nodes))
         rows.append(dict(rule="chain-of-thought (never branch)" if tau == -np.inf else f"branch below {tau:g}, "
                          f"up to {extra} extra sibling{'s' if extra > 1 else ''}", tau=float(tau), extra=extra,
                          accuracy=float(np.mean(correct)), tokens=float(np.mean(tokens)),

@@ -122,11 +122,12 @@ def score_solutions(rm, rm_params, tokenizer, problems, ids: list[list[list[int]
 # ----------------------------------------------------------------------------- PGTS policy
 
 
-def make_search_runner(env, network, max_steps: int, greedy: bool = True):
-    """A jitted `run(net_params, env_params, problem_ids [P], key) -> final TreeState [P, ...]`:
-    the policy drives one search per problem until it ends (or `max_steps` actions)."""
+def make_runner(env, act, max_steps: int):
+    """A jitted `run(act_params, env_params, problem_ids [P], key) -> (final TreeState [P, ...], actions [P])`:
+    `act(act_params, obs, state, key) -> action` drives one search per problem until it ends (or
+    `max_steps` actions). The PGTS policy is one such `act`; a hand-written rule is another."""
 
-    def one(net_params, env_params, problem, key):
+    def one(act_params, env_params, problem, key):
         obs, state = env.reset_to(problem)
 
         def cond(carry):
@@ -136,19 +137,27 @@ def make_search_runner(env, network, max_steps: int, greedy: bool = True):
         def body(carry):
             obs, state, i, key = carry
             key, k_act, k_env = jax.random.split(key, 3)
-            pi, _ = network.apply(net_params, obs)
-            action = jnp.argmax(pi.logits, -1) if greedy else pi.sample(seed=k_act)
-            obs, state, *_ = env.step(k_env, state, action, env_params)
+            obs, state, *_ = env.step(k_env, state, act(act_params, obs, state, k_act), env_params)
             return obs, state, i + 1, key
 
         _, state, steps, _ = jax.lax.while_loop(cond, body, (obs, state, jnp.int32(0), key))
         return state, steps
 
-    def run(net_params, env_params, problems, key):
+    def run(act_params, env_params, problems, key):
         keys = jax.random.split(key, problems.shape[0])
-        return jax.vmap(one, in_axes=(None, None, 0, 0))(net_params, env_params, problems, keys)
+        return jax.vmap(one, in_axes=(None, None, 0, 0))(act_params, env_params, problems, keys)
 
     return jax.jit(run)
+
+
+def make_search_runner(env, network, max_steps: int, greedy: bool = True):
+    """`make_runner` with the PGTS policy: `run(net_params, env_params, problem_ids [P], key)`."""
+
+    def act(net_params, obs, state, key):
+        pi, _ = network.apply(net_params, obs)
+        return jnp.argmax(pi.logits, -1) if greedy else pi.sample(seed=key)
+
+    return make_runner(env, act, max_steps)
 
 
 def run_search(runner, net_params, env_params, num_problems: int, seed: int = 0) -> tuple[Any, dict]:
@@ -246,5 +255,5 @@ def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed
                                              np.asarray(host.tokens_used), simulations=simulations)
 
 
-__all__ = ["best_of_n", "cot_greedy", "majority_answer", "make_search_runner", "mcts", "run_search",
+__all__ = ["best_of_n", "cot_greedy", "majority_answer", "make_runner", "make_search_runner", "mcts", "run_search",
            "sample_solutions", "score_solutions", "self_consistency", "summarize"]

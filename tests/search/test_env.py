@@ -196,9 +196,9 @@ def test_rule_search_branches_only_where_the_reward_model_doubts(setup):
     from benchmarks.pgts_rule_search import make_rule_runner
 
     _, env, params, _ = setup
-    problems, key = jnp.arange(2), jax.random.key(3)
-    _, _, never = make_rule_runner(env, params, -np.inf, 0)(problems, key)
-    _, _, always = make_rule_runner(env, params, 2.0, 1)(problems, key)  # length_score is below 1
+    problems, key, run = jnp.arange(2), jax.random.key(3), make_rule_runner(env)
+    never = run((jnp.float32(-np.inf), jnp.int32(0)), params, problems, key)[0].num_nodes
+    always = run((jnp.float32(2.0), jnp.int32(1)), params, problems, key)[0].num_nodes  # length_score < 1
     assert (np.asarray(never) <= D + 1).all()
     # the first step is always doubted, so every search branches at least once; a search that no
     # answer line ends early fills the tree
