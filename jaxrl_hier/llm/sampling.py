@@ -39,12 +39,17 @@ DEFAULT_MIN_BUCKET = 16
 class GenerateOutput(NamedTuple):
     """tokens, logprobs and mask are [B, max_new_tokens]; mask is 1 up to and including EOS.
 
-    hidden is [B, max_new_tokens, H] from `sample_tokens(..., return_hidden=True)`, else None."""
+    hidden is [B, max_new_tokens, H] from `sample_tokens(..., return_hidden=True)`, else None.
+    runner_up and margin [B, max_new_tokens] from `sample_tokens(..., return_runner_up=True)`, else
+    None: at each position the token the model's own distribution ranks second, and the log-prob gap
+    between its first and second choice (small = the model nearly chose otherwise)."""
 
     tokens: jax.Array
     logprobs: jax.Array
     mask: jax.Array
     hidden: jax.Array | None = None
+    runner_up: jax.Array | None = None
+    margin: jax.Array | None = None
 
 
 # ----------------------------------------------------------------------------- bucketing
@@ -186,7 +191,8 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
                   max_new_tokens: int, temperature: jax.Array | float = 1.0, top_k: int | None = None,
                   top_p: jax.Array | float | None = None, eos_ids: int | Sequence[int] = (), pad_token_id: int = 0,
                   lora: Any = None, greedy: bool | jax.Array = False, return_hidden: bool = False,
-                  suppress_tokens: Sequence[int] = (), group: int = 1) -> GenerateOutput:
+                  suppress_tokens: Sequence[int] = (), group: int = 1, first_tokens: jax.Array | None = None,
+                  return_runner_up: bool = False) -> GenerateOutput:
     """The pure sampling program that `generate` wraps: traceable inside jit, vmap and scan.
 
     input_ids / attention_mask [B, T] are left-padded (no bucketing or host checks here; use
@@ -204,6 +210,11 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     P x group, a prompt's samples adjacent, as from the prompts repeated `group` times; with a
     decoder's `KVCache` each prompt runs through the model once and its cache is shared (GRPO's
     groups), other models get the prompts repeated.
+    `first_tokens` (traced int [B], optional): where >= 0, the first new token is that token instead of
+    the sampled one, scored by the same distribution (its log-prob is what sampling it would have
+    had); the rest follow as usual. `return_runner_up=True` (static) also returns, per position, the
+    model's own second choice and its first-minus-second log-prob margin (`GenerateOutput`); with
+    `first_tokens` a search builds a sibling of a step that differs where the model was least sure.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be a Python int >= 1, got {max_new_tokens!r}.")
@@ -242,8 +253,9 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     if hasattr(lm, "decode_layout"):  # the prompt ran through the layer scan; the decode loop may run unrolled
         params, lora, cache = lm.decode_layout(params, lora, cache)
 
-    def pick(last, done, sub):
-        """Sample (or argmax) one token per row from the last logits; finished rows emit padding."""
+    def pick(last, done, sub, force=None):
+        """Sample (or argmax) one token per row from the last logits (or take `force` where >= 0);
+        finished rows emit padding."""
         if greedy:
             logp_dist = _log_dist(last, True, 1.0, None, None, suppress)
             token = jnp.argmax(logp_dist, axis=-1).astype(jnp.int32)
@@ -254,32 +266,46 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
                 own = _log_dist(last, True, 1.0, None, None, suppress)
                 token = jnp.where(row_greedy, jnp.argmax(own, axis=-1).astype(jnp.int32), token)
                 logp_dist = jnp.where(row_greedy[:, None], own, logp_dist)
+        if force is not None:
+            token = jnp.where(force >= 0, force, token)
         logp = jnp.take_along_axis(logp_dist, token[:, None], axis=-1)[:, 0]
         live = ~done
         token = jnp.where(live, token, pad_token_id)
         done = done | (live & jnp.isin(token, eos_arr))
-        return (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32)), done
+        out = (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32))
+        if return_runner_up:
+            top, top_ids = jax.lax.top_k(_log_dist(last, True, 1.0, None, None, suppress), 2)
+            out = (*out, top_ids[:, 1].astype(jnp.int32), top[:, 0] - top[:, 1])
+        return out, done
 
-    def step(carry, sub):
+    def step(carry, xs):
         # sample token i, then run it through the model to get the logits for token i + 1
+        sub, force = xs
         cache, cache_mask, last, done, pos, slot = carry
-        out, done = pick(last, done, sub)
+        out, done = pick(last, done, sub, force)
         cache_mask = jax.lax.dynamic_update_slice_in_dim(cache_mask, jnp.ones((batch, 1), jnp.int32), slot, axis=1)
         logits, cache, hidden = _last_logits(lm, params, out[0][:, None], cache_mask, lora, positions=pos[:, None],
                                              cache=cache, cache_index=slot)
         return (cache, cache_mask, logits, done, pos + 1, slot + 1), (*out, hidden) if return_hidden else out
 
     keys = jax.random.split(key, n)
+    forced = None  # [n, B]: the forced token at each step (only the first may be >= 0)
+    if first_tokens is not None:
+        first = jnp.broadcast_to(jnp.asarray(first_tokens, jnp.int32), (batch,))
+        forced = jnp.concatenate([first[None], jnp.full((n - 1, batch), -1, jnp.int32)])
     init = (cache, cache_mask, last, jnp.zeros((batch,), bool), jnp.sum(attention_mask, axis=-1).astype(jnp.int32),
             jnp.int32(prompt_len))
     if return_hidden:  # every token goes through the model, so each has its hidden state
-        _, (tokens, logps, masks, hidden) = jax.lax.scan(step, init, keys)
-        return GenerateOutput(tokens.T, logps.T, masks.T, jnp.swapaxes(hidden, 0, 1))
-    # the last token needs no forward pass: scan n - 1 steps, then sample once more
-    carry, outs = jax.lax.scan(step, init, keys[:-1])
-    final, _ = pick(carry[2], carry[3], keys[-1])
-    tokens, logps, masks = (jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs, final))
-    return GenerateOutput(tokens.T, logps.T, masks.T)
+        _, outs = jax.lax.scan(step, init, (keys, forced))
+        outs = (*outs[:-1], jnp.swapaxes(outs[-1], 0, 1))
+    else:  # the last token needs no forward pass: scan n - 1 steps, then sample once more
+        carry, outs = jax.lax.scan(step, init, (keys[:-1], None if forced is None else forced[:-1]))
+        final, _ = pick(carry[2], carry[3], keys[-1], None if forced is None else forced[-1])
+        outs = [jnp.concatenate([o, f[None]], axis=0) for o, f in zip(outs, final)]
+    tokens, logps, masks = (o.T for o in outs[:3])
+    hidden = outs[-1] if return_hidden else None
+    runner_up, margin = (o.T for o in outs[3:5]) if return_runner_up else (None, None)
+    return GenerateOutput(tokens, logps, masks, hidden, runner_up, margin)
 
 
 # ----------------------------------------------------------------------------- generate

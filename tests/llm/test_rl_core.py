@@ -290,3 +290,27 @@ def test_explicit_axes_mesh_is_refused_at_load_and_auto_mesh_works(lm, tmp_path)
     auto = load_pretrained(tmp_path, mesh=make_mesh())
     np.testing.assert_allclose(np.asarray(auto.logits(auto.params, IDS, MASK)),
                                np.asarray(lm.logits(lm.params, IDS, MASK)), atol=1e-5)
+
+
+def test_forced_first_token_continues_as_if_it_were_in_the_prompt(lm):
+    """`first_tokens` forces the first new token (scored by the model's own distribution) and the
+    rest continue greedily as from the prompt extended by it; `return_runner_up` gives the model's
+    second choice and its margin, so forcing the runner-up costs exactly that margin in log-prob."""
+    greedy = sample_tokens(lm, lm.params, IDS, MASK, jax.random.key(0), max_new_tokens=N, greedy=True,
+                           return_runner_up=True)
+    runner_up, margin = np.asarray(greedy.runner_up), np.asarray(greedy.margin)
+    assert (margin >= 0).all() and (runner_up != np.asarray(greedy.tokens)).all()
+    first = jnp.array([runner_up[0, 0], -1])  # row 1 is not forced
+    forced = jax.jit(lambda p, f: sample_tokens(lm, p, IDS, MASK, jax.random.key(0), max_new_tokens=N, greedy=True,
+                                                first_tokens=f, return_hidden=True))(lm.params, first)
+    tokens = np.asarray(forced.tokens)
+    assert tokens[0, 0] == runner_up[0, 0]
+    np.testing.assert_allclose(np.asarray(forced.logprobs)[0, 0], np.asarray(greedy.logprobs)[0, 0] - margin[0, 0],
+                               atol=1e-5)
+    np.testing.assert_array_equal(tokens[1], np.asarray(greedy.tokens)[1])
+    ext_ids = np.concatenate([IDS[:1], tokens[:1, :1]], 1)
+    ext = sample_tokens(lm, lm.params, ext_ids, np.ones_like(ext_ids) * np.concatenate([MASK[:1], [[1]]], 1),
+                        jax.random.key(0), max_new_tokens=N - 1, greedy=True, return_hidden=True)
+    np.testing.assert_array_equal(tokens[0, 1:], np.asarray(ext.tokens)[0])
+    np.testing.assert_allclose(np.asarray(forced.logprobs)[0, 1:], np.asarray(ext.logprobs)[0], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(forced.hidden)[0, 1:], np.asarray(ext.hidden)[0], atol=1e-4)
