@@ -6,8 +6,11 @@ Loads a finished PGTS run (RUN/config.yaml, its SFT generator and reward model),
 config's held-out problems with a fixed rule instead of the trained policy, in the same env
 (`search.cli.build_env`, no token budget): Expand, and Terminate on an answer line; but when the
 step just generated scores below `tau` by the reward model and its parent has at most `extra`
-children, Branch (a sampled sibling of that step replaces it as the current node). With the
-config's `greedy_first_child`, `tau` below every score is chain-of-thought greedy. A rule that
+children, Branch (a sibling of that step replaces it as the current node: sampled, or with
+`--sibling swap` the step with its least-confident token swapped for the generator's second choice).
+With the config's `greedy_first_child`, `tau` below every score is chain-of-thought greedy. The
+`oracle` column is how often some answer line in the searched tree is right: what a perfect choice
+among the tree's final nodes would reach, so the gap to `accuracy` is the reward model's. A rule that
 beats CoT shows what a policy could learn; one that cannot says the env's actions, this generator
 and this reward model leave a search little to gain. Writes DIR/pgts_rule_search.json and
 DIR/pgts_rule_search.md (accuracy, tokens per problem and nodes per search of each rule).
@@ -16,6 +19,7 @@ DIR/pgts_rule_search.md (accuracy, tokens per problem and nodes per search of ea
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -44,12 +48,24 @@ def make_rule_runner(env, max_actions: int = 64):
     return make_runner(env, act, max_actions)
 
 
+def any_final_right(env, state, params):
+    """Whether some answer line (final node) in one searched tree is right."""
+    import jax
+    import jax.numpy as jnp
+
+    nodes = jnp.arange(env.max_nodes)
+    right = jax.vmap(lambda n: env.is_correct(state, n, params))(nodes)
+    return jnp.any(right & state.final & (nodes < state.num_nodes))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="a finished pgts run (sft/, reward_model/)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--rules", nargs="+", default=["0.1:1", "0.2:1", "0.3:1", "0.5:1", "0.3:2", "0.5:2"],
                         help="tau:extra pairs (module docstring); chain-of-thought greedy is always run first")
+    parser.add_argument("--sibling", choices=("sample", "swap"), default=None,
+                        help="how Branch makes a sibling (default: the run's config)")
     args = parser.parse_args(argv)
     try:
         rules = [(float(r.split(":")[0]), int(r.split(":")[1])) for r in args.rules]
@@ -77,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, args.run_dir, lm, tokenizer, task)
     test = task.problems("test", config.eval_problems, config.seed)
+    if args.sibling is not None:
+        config = dataclasses.replace(config, sibling=args.sibling, greedy_first_child=True)
     env = cli.build_env(config, lm, rm, tokenizer, token_budget=10**9)
+    oracle_fn = jax.jit(jax.vmap(lambda state, params: any_final_right(env, state, params), in_axes=(0, None)))
     env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
     rows = []
     run = make_rule_runner(env)
@@ -85,22 +104,23 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         rule = (jnp.float32(tau), jnp.int32(extra))
         states, _ = run(rule, env_params, jnp.arange(len(test)), jax.random.key(config.seed))
-        correct, tokens, nodes = jax.device_get((states.correct, states.tokens_used, states.num_nodes))
+        correct, tokens, nodes, oracle = jax.device_get((states.correct, states.tokens_used, states.num_nodes,
+                                                         oracle_fn(states, env_params)))
         rows.append(dict(rule="chain-of-thought (never branch)" if tau == -np.inf else f"branch below {tau:g}, "
                          f"up to {extra} extra sibling{'s' if extra > 1 else ''}", tau=float(tau), extra=extra,
-                         accuracy=float(np.mean(correct)), tokens=float(np.mean(tokens)),
+                         accuracy=float(np.mean(correct)), oracle=float(np.mean(oracle)), tokens=float(np.mean(tokens)),
                          nodes=float(np.mean(nodes)), seconds=time.perf_counter() - t0))
         r = rows[-1]
         r["tokens_vs_cot"] = r["tokens"] / rows[0]["tokens"]
-        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% at {r['tokens']:.1f} tokens ({r['tokens_vs_cot']:.2f}x), "
+        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% (oracle {100 * r['oracle']:.1f}%) at {r['tokens']:.1f} tokens ({r['tokens_vs_cot']:.2f}x), "
               f"{r['nodes']:.2f} nodes", flush=True)
-    table = ["| rule | accuracy | tokens / problem | tokens vs CoT | nodes |", "|---|---:|---:|---:|---:|"]
-    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {r['tokens']:.1f} | {r['tokens_vs_cot']:.2f}x "
+    table = ["| rule | accuracy | oracle | tokens / problem | tokens vs CoT | nodes |", "|---|---:|---:|---:|---:|---:|"]
+    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {100 * r['oracle']:.1f}% | {r['tokens']:.1f} | {r['tokens_vs_cot']:.2f}x "
               f"| {r['nodes']:.2f} |" for r in rows]
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "pgts_rule_search.json",
                       {"benchmark": "pgts_rule_search", **device_info(), "run_dir": str(args.run_dir),
-                       "rm_labels": config.rm_labels, "reward_model": rm_info.get("eval"), "problems": len(test),
+                       "rm_labels": config.rm_labels, "rm_kind": config.rm_kind, "sibling": config.sibling, "reward_model": rm_info.get("eval"), "problems": len(test),
                        "rows": rows})
     atomic_write_text(args.out / "pgts_rule_search.md", "\n".join(table) + "\n")
     print("\n".join(table))

@@ -115,7 +115,7 @@ def score_solutions(rm, rm_params, tokenizer, problems, ids: list[list[list[int]
                            step_tokens=step_tokens, max_depth=max_depth)
     last = np.r_[data.group[1:] != data.group[:-1], True]
     scores = np.zeros(len(flat_ids), np.float32)
-    scores[data.group[last]] = score_paths(rm, rm_params, data.ids[last], data.mask[last])
+    scores[data.group[last]] = score_paths(rm, rm_params, data.ids[last], data.mask[last], data.prompt_tokens[last])
     return scores.reshape(len(problems), n)
 
 

@@ -89,7 +89,8 @@ def build_env(config: PGTSConfig, lm: Any, rm: Any, tokenizer: Any, *, max_nodes
                      max_nodes=max_nodes or config.max_nodes, max_depth=config.max_depth,
                      max_children=max_children or config.max_children, step_tokens=config.step_tokens,
                      token_budget=token_budget or config.token_budget, temperature=config.temperature,
-                     greedy_first_child=config.greedy_first_child, delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
+                     greedy_first_child=config.greedy_first_child, sibling=config.sibling,
+                     delimiter_id=tokenizer.convert_tokens_to_ids("\n"), eos_id=eos, pad_id=pad,
                      final_ids=(tokenizer.convert_tokens_to_ids("#"),))
 
 
@@ -107,9 +108,68 @@ def env_params_for(config: PGTSConfig, env: Any, lm_params: Any, rm_params: Any,
 # ----------------------------------------------------------------------------- reward model stage
 
 
-def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any) -> tuple[Any, dict, dict]:
-    """Sample, label, train and evaluate the reward model (or load it); returns (rm, params, summary)."""
+def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any) -> tuple[Any, dict]:
+    """The labelled paths that measure either kind of reward model: the generator's samples of
+    `rm_eval_problems` held-out problems, cut and labelled as `rm_labels` says."""
     import jax
+
+    from jaxrl_hier.search.reward_model import sample_path_data
+
+    return sample_path_data(lm, lm.params, tokenizer, task, task.problems("test", config.rm_eval_problems, config.seed + 1),
+                            samples=config.rm_samples, key=jax.random.key(config.seed + 13),
+                            **_path_sampling(config))
+
+
+def _path_sampling(config: PGTSConfig) -> dict:
+    return dict(temperature=config.temperature, prompt_length=config.max_prompt_length, step_tokens=config.step_tokens,
+                max_depth=config.max_depth, labels=config.rm_labels)
+
+
+def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any,
+                       args: argparse.Namespace | None = None) -> tuple[Any, Any, dict]:
+    """`rm_kind: likelihood`: a second decoder of the generator's shape trained by SFT on the worked
+    solutions (`rm_sft_steps` steps, seed + 1) in reward_model/sft/, scoring paths by the probability
+    of their least likely step token; measured on the held-out labelled paths. Returns (verifier,
+    its params, summary); a finished stage is loaded."""
+    import dataclasses
+
+    from jaxrl_hier.io import atomic_write_json
+    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
+    from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
+    from jaxrl_hier.train import is_primary, log
+
+    stage = out / "reward_model"
+    sft_cfg = dataclasses.replace(config, seed=config.seed + 1, sft_steps=config.rm_sft_steps).sft_config()
+    mesh = build_mesh(sft_cfg)
+    model, _ = build_policy(sft_cfg, tokenizer, mesh=mesh)
+    model, sft_info = run_sft_stage(sft_cfg, args or argparse.Namespace(no_progress=True), stage, model, tokenizer,
+                                    task, mesh)
+    verifier = LikelihoodVerifier(model)
+    if (stage / "DONE").is_file():
+        info = json.loads((stage / "DONE").read_text())
+        log(f"reward model stage already complete ({stage}): likelihood verifier, held-out AUC {info['eval']['auc']:.3f}")
+        return verifier, model.params, info
+    t0 = time.perf_counter()
+    test_data, test_info = held_out_paths(config, lm, tokenizer, task)
+    ev = evaluate_reward_model(verifier, model.params, test_data)
+    info = {"kind": "likelihood", "verifier_sft": sft_info, "held_out": test_info, "eval": ev,
+            "time_s": time.perf_counter() - t0}
+    if is_primary():
+        atomic_write_json(stage / "DONE", info)
+    log(f"likelihood verifier (greedy accuracy as a generator {sft_info.get('eval_accuracy')}): held-out accuracy "
+        f"{ev['accuracy']:.3f}, AUC {ev['auc']:.3f} (complete paths {ev['final_auc']:.3f})")
+    return verifier, model.params, info
+
+
+def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any,
+                           args: argparse.Namespace | None = None) -> tuple[Any, Any, dict]:
+    """Sample, label, train and evaluate the reward model (or load it); returns (rm, params, summary).
+    With `rm_kind: likelihood` the stage is `run_verifier_stage`."""
+    import jax
+
+    if config.rm_kind == "likelihood":
+        return run_verifier_stage(config, out, lm, tokenizer, task, args)
 
     from jaxrl_hier.checkpointing import Checkpointer
     from jaxrl_hier.io import atomic_write_json
@@ -131,16 +191,11 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
                 f"AUC {info['eval']['auc']:.3f}")
             return rm, params, info
         t0 = time.perf_counter()
-        common = dict(temperature=config.temperature, prompt_length=config.max_prompt_length,
-                      step_tokens=config.step_tokens, max_depth=config.max_depth, labels=config.rm_labels)
         train_data, train_info = sample_path_data(lm, lm.params, tokenizer, task,
                                                   task.problems("train", config.rm_problems, config.seed + 1),
                                                   samples=config.rm_samples, key=jax.random.key(config.seed + 12),
-                                                  **common)
-        test_data, test_info = sample_path_data(lm, lm.params, tokenizer, task,
-                                                task.problems("test", config.rm_eval_problems, config.seed + 1),
-                                                samples=config.rm_samples, key=jax.random.key(config.seed + 13),
-                                                **common)
+                                                  **_path_sampling(config))
+        test_data, test_info = held_out_paths(config, lm, tokenizer, task)
         log(f"reward model data: {train_info['examples']} partial paths from {train_info['solutions']} solutions "
             f"(sampled accuracy {train_info['solution_accuracy']:.3f}); held-out {test_info['examples']}")
         before = evaluate_reward_model(rm, params, test_data)
@@ -333,7 +388,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
         lm, sft_info = run_sft_stage(sft_cfg, args, out, lm, tokenizer, task, mesh)
         times["sft_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task)
+    rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task, args)
     times["reward_model_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
     runner_fn, net_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task)

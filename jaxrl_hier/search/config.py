@@ -43,6 +43,10 @@ class PGTSConfig:
     token_budget: int = 60
     temperature: float = 1.0  # the generator's sampling temperature for steps (search, self-consistency, MCTS)
     greedy_first_child: bool = False  # a node's first child is the greedy step, siblings are sampled (search, MCTS)
+    # later children: "sample" at `temperature`, or "swap": the first child's step with its k-th
+    # least-confident token replaced by the generator's second choice, continued greedily (needs
+    # greedy_first_child; search env and MCTS)
+    sibling: Literal["sample", "swap"] = "sample"
     cost_expand: float = 0.1
     cost_branch: float = 0.2
     cost_backtrack: float = 0.5
@@ -53,6 +57,12 @@ class PGTSConfig:
     # solution's final answer ("final", the paper's phase 1) or by whether all its steps are right
     # ("steps", process labels from the task's worked solutions: `steps_correct`)
     rm_labels: Literal["final", "steps"] = "final"
+    # "classifier": the above; "likelihood": instead a second decoder of the generator's shape trained
+    # by SFT on the worked solutions (rm_sft_steps, seed + 1) scores a path by the probability of its
+    # least likely step token (search.reward_model.LikelihoodVerifier); the labelled held-out paths
+    # still measure it
+    rm_kind: Literal["classifier", "likelihood"] = "classifier"
+    rm_sft_steps: int = 300
     rm_problems: int = 512
     rm_samples: int = 4
     rm_eval_problems: int = 128
@@ -104,7 +114,7 @@ class PGTSConfig:
         positive = ("task_digits", "task_steps", "model_hidden_size", "model_layers", "model_heads", "model_kv_heads",
                     "model_intermediate_size", "max_prompt_length", "sft_batch_size", "max_nodes", "max_depth",
                     "max_children", "step_tokens", "token_budget", "rm_problems", "rm_samples", "rm_eval_problems",
-                    "rm_steps", "rm_batch_size", "train_problems", "total_timesteps", "num_envs", "num_steps",
+                    "rm_steps", "rm_batch_size", "rm_sft_steps", "train_problems", "total_timesteps", "num_envs", "num_steps",
                     "update_epochs", "num_minibatches", "policy_hidden_size", "policy_layers", "eval_problems",
                     "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints")
         for name in positive:
@@ -125,6 +135,9 @@ class PGTSConfig:
             raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
         if self.max_nodes < 2:
             raise ConfigError(f"'max_nodes' must be >= 2 (the root and one step), got {self.max_nodes}.")
+        if self.sibling == "swap" and not self.greedy_first_child:
+            raise ConfigError("sibling: swap changes the greedy first child's step at its least-confident token, so "
+                              "it needs greedy_first_child: true.")
         if self.model_heads % self.model_kv_heads:
             raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if not self.sc_samples or any(not isinstance(n, int) or n < 1 for n in self.sc_samples):

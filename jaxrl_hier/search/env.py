@@ -26,7 +26,8 @@ Terminate.
 Generation runs `jaxrl_hier.llm.sampling.sample_tokens` on the prompt plus the steps on the path
 to the new node's parent (the prefix is reassembled from the tree each time, left-padded to the
 static length `prompt_length + max_depth * step_tokens`). The reward model scores the path
-through the new node with `score_fn(rm_params, ids [1, L], mask [1, L]) -> [1]` in [0, 1].
+through the new node with `score_fn(rm_params, ids [1, L], mask [1, L], prompt_tokens [1]) -> [1]` in
+[0, 1] (`prompt_tokens`: how many of the real tokens are BOS + prompt).
 
 Rewards follow the official PGTS code: every move of the current node is rewarded by the change
 of the reward model's score (a potential, so the sum telescopes to the score of the node where
@@ -90,6 +91,9 @@ class TreeState:
     logp: jax.Array  # float32 [N] mean token log-prob of the step
     hidden: jax.Array  # float32 [N, H] generator hidden state at the step's last token
     score: jax.Array  # float32 [N] reward-model score of the path through the node
+    token_logp: jax.Array  # float32 [N, S] each step token's log-prob under the generator
+    runner_up: jax.Array  # int32 [N, S] the generator's second choice at each step token
+    margin: jax.Array  # float32 [N, S] its first-minus-second log-prob margin there
     children: jax.Array  # int32 [N]
     final: jax.Array  # bool [N] the step holds the answer line (or EOS)
     num_nodes: jax.Array  # int32
@@ -105,7 +109,7 @@ class SearchEnv(Environment):
     the reward model, `params` (a `SearchParams`) is built by `make_params`."""
 
     lm: Any
-    score_fn: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    score_fn: Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
     prompt_length: int
     max_nodes: int = 16
     max_depth: int = 5
@@ -116,6 +120,11 @@ class SearchEnv(Environment):
     # a node's first child is the generator's greedy step, its siblings (Branch) are sampled: a search
     # that only expands is then greedy chain-of-thought, and branching is the only way to leave it
     greedy_first_child: bool = False
+    # how a node's later children are made: "sample" draws them at `temperature`; "swap" takes the
+    # first child's step, replaces its k-th least-confident token (smallest top-2 margin) by the
+    # generator's second choice there and continues greedily (the k-th sibling), so siblings differ
+    # from the greedy step exactly where the generator nearly chose otherwise
+    sibling: str = "sample"
     delimiter_id: int = 0  # the step delimiter ("\n")
     eos_id: int = 2
     pad_id: int = 0
@@ -131,6 +140,11 @@ class SearchEnv(Environment):
                 raise ConfigError(f"search env: {key} must be an integer >= {low}, got {value!r}.")
         if not self.temperature > 0:
             raise ConfigError(f"search env: temperature must be > 0, got {self.temperature}.")
+        if self.sibling not in ("sample", "swap"):
+            raise ConfigError(f"search env: sibling must be 'sample' or 'swap', got {self.sibling!r}.")
+        if self.sibling == "swap" and not self.greedy_first_child:
+            raise ConfigError("search env: sibling 'swap' changes the greedy first child's step, so it needs "
+                              "greedy_first_child: true.")
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -194,7 +208,9 @@ class SearchEnv(Environment):
             problem=jnp.asarray(problem, jnp.int32), tokens=jnp.full((n, s), self.pad_id, jnp.int32),
             length=jnp.zeros(n, jnp.int32), parent=jnp.full(n, -1, jnp.int32), depth=jnp.zeros(n, jnp.int32),
             logp=jnp.zeros(n, jnp.float32), hidden=jnp.zeros((n, self.hidden_size), jnp.float32),
-            score=jnp.zeros(n, jnp.float32), children=jnp.zeros(n, jnp.int32), final=jnp.zeros(n, bool),
+            score=jnp.zeros(n, jnp.float32), token_logp=jnp.zeros((n, s), jnp.float32),
+            runner_up=jnp.zeros((n, s), jnp.int32), margin=jnp.zeros((n, s), jnp.float32),
+            children=jnp.zeros(n, jnp.int32), final=jnp.zeros(n, bool),
             num_nodes=jnp.int32(1), current=jnp.int32(0), tokens_used=jnp.int32(0), correct=jnp.bool_(False),
             done=jnp.bool_(False))
         return self.observation(state), state
@@ -264,32 +280,68 @@ class SearchEnv(Environment):
         return out["correct"][0] > 0
 
     # ------------------------------------------------------------------ growing the tree
+    def swap_point(self, state: TreeState, parent: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """For the next child of `parent` with `sibling="swap"`: (first child, how many of its tokens
+        to keep, the token forced after them; -1 = none). The k-th later child (k >= 1) swaps the
+        first child's k-th least-confident token; the first child itself forces nothing."""
+        k = state.children[parent]
+        nodes = jnp.arange(self.max_nodes)
+        first = jnp.argmax((state.parent == parent) & (nodes > 0) & (nodes < state.num_nodes))
+        steps = jnp.arange(self.step_tokens)
+        order = jnp.argsort(jnp.where(steps < state.length[first], state.margin[first], jnp.inf), stable=True)
+        pos = order[jnp.clip(k - 1, 0, jnp.maximum(state.length[first] - 1, 0))]
+        swap = (k > 0) & (self.sibling == "swap")
+        return first, jnp.where(swap, pos, 0), jnp.where(swap, state.runner_up[first, pos], -1)
+
     def generate_child(self, key: jax.Array, state: TreeState, parent: jax.Array, params: SearchParams) -> TreeState:
         """Generate one step under `parent`, write it as node `num_nodes` (scored by the reward
         model) and make it current. Callers check that a node is free."""
+        s = self.step_tokens
+        steps = jnp.arange(s)
+        first, keep, forced = self.swap_point(state, parent)
+        # the prefix: the path to the parent, then (a swap) the first child's tokens before the swap;
+        # the path holds at most max_depth - 1 steps, so they fit in the static prefix length
         ids, mask = self.prefix(state, parent, params)
+        ids = jnp.concatenate([ids, state.tokens[first]])
+        mask = jnp.concatenate([mask, (steps < keep).astype(jnp.int32)])
+        order = jnp.argsort(mask, stable=True)[s:]
+        ids, mask = jnp.where(mask[order] > 0, ids[order], self.pad_id), mask[order]
 
         # with greedy_first_child the sampler takes the greedy flag as a traced value: one model pass
         # either way (a lax.cond between a greedy and a sampled call runs both under vmap)
-        greedy = state.children[parent] == 0 if self.greedy_first_child else False
+        greedy = ((state.children[parent] == 0) | (self.sibling == "swap")) if self.greedy_first_child else False
         out = sample_tokens(self.lm, params.lm_params, ids[None], mask[None], key,
-                            max_new_tokens=self.step_tokens, temperature=self.temperature,
+                            max_new_tokens=s, temperature=self.temperature,
                             eos_ids=(self.delimiter_id, self.eos_id), pad_token_id=self.pad_id,
-                            return_hidden=True, greedy=greedy)
-        toks, m = out.tokens[0], out.mask[0]
+                            return_hidden=True, greedy=greedy, first_tokens=forced[None],
+                            return_runner_up=True)
+        # the step: the kept tokens, then the generated ones (cut at step_tokens)
+        gen = jnp.clip(steps - keep, 0, s - 1)
+        kept = steps < keep
+
+        def join(old, new):
+            return jnp.where(kept, old, new[0][gen])
+
+        m = jnp.where(kept, 1, out.mask[0][gen] * (steps >= keep))
+        toks = jnp.where(m > 0, join(state.tokens[first], out.tokens), self.pad_id)
+        token_logp = join(state.token_logp[first], out.logprobs) * m
         length = m.sum()
-        last = jnp.maximum(length - 1, 0)
+        last = jnp.maximum(length - 1 - keep, 0)  # the last token is always a generated one
         final = jnp.any((m > 0) & jnp.isin(toks, jnp.asarray((self.eos_id, *self.final_ids), jnp.int32)))
         new = state.num_nodes
         state = state.replace(
             tokens=state.tokens.at[new].set(toks), length=state.length.at[new].set(length),
             parent=state.parent.at[new].set(parent), depth=state.depth.at[new].set(state.depth[parent] + 1),
-            logp=state.logp.at[new].set(jnp.sum(out.logprobs[0] * m) / jnp.maximum(length, 1)),
+            logp=state.logp.at[new].set(token_logp.sum() / jnp.maximum(length, 1)),
+            token_logp=state.token_logp.at[new].set(token_logp),
+            runner_up=state.runner_up.at[new].set(join(state.runner_up[first], out.runner_up)),
+            margin=state.margin.at[new].set(join(state.margin[first], out.margin)),
             hidden=state.hidden.at[new].set(out.hidden[0, last].astype(jnp.float32)),
             children=state.children.at[parent].add(1), final=state.final.at[new].set(final),
-            num_nodes=new + 1, current=new, tokens_used=state.tokens_used + length)
+            num_nodes=new + 1, current=new, tokens_used=state.tokens_used + length - keep)
         path_ids, path_mask = self.prefix(state, new, params)
-        score = self.score_fn(params.rm_params, path_ids[None], path_mask[None])[0]
+        prompt_tokens = params.prompt_mask[state.problem].sum()[None]
+        score = self.score_fn(params.rm_params, path_ids[None], path_mask[None], prompt_tokens)[0]
         return state.replace(score=state.score.at[new].set(score.astype(jnp.float32)))
 
     def ancestor(self, state: TreeState, node: jax.Array, k: jax.Array) -> jax.Array:

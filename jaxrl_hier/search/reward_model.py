@@ -1,4 +1,14 @@
-"""The PGTS reward model (the paper's phase 1): score a partial reasoning path in [0, 1].
+"""The PGTS reward models: score a partial reasoning path in [0, 1].
+
+Two kinds share one interface, `score(params, ids, mask, prompt_tokens) -> [B]` (`prompt_tokens` [B]:
+how many of each row's real tokens are BOS + prompt, so a scorer can tell the steps apart):
+
+- `RewardModel`, the paper's phase 1: a classifier trained on the generator's sampled paths.
+- `LikelihoodVerifier`: a decoder trained by SFT on the task's worked solutions; a path scores the
+  probability of its least likely step token under it (a wrong step is one the verifier would not
+  have written). Nothing is trained on labels; the same held-out labelled paths measure it.
+
+The classifier in detail:
 
 Data: the generator samples full solutions of training problems; each is labelled by whether its
 final answer is right, and every prefix "prompt + first j steps" (j = 1..number of steps; a step
@@ -14,7 +24,7 @@ steps, left-padded to one static length), so the scores the env asks for match w
     rm = RewardModel(lm)                        # the backbone's architecture
     params = rm.init(key, backbone_params)
     data = sample_path_data(...); params, log = train_reward_model(rm, params, data, ...)
-    metrics = evaluate_reward_model(rm, params, held_out)   # accuracy, AUC, loss
+    metrics = evaluate_reward_model(rm, params, held_out)   # accuracy, AUC, loss (either kind)
 """
 
 from __future__ import annotations
@@ -33,13 +43,15 @@ from jaxrl_hier.llm.heads import classification_head_apply, classification_head_
 
 class PathData(NamedTuple):
     """Partial-path examples: ids / mask [M, L] left-padded, label [M] (1.0 = the full path was right),
-    group [M] (which sampled solution the prefix came from), steps [M] (how many steps it holds)."""
+    group [M] (which sampled solution the prefix came from), steps [M] (how many steps it holds),
+    prompt_tokens [M] (how many of its real tokens are BOS + prompt)."""
 
     ids: np.ndarray
     mask: np.ndarray
     label: np.ndarray
     group: np.ndarray
     steps: np.ndarray
+    prompt_tokens: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -52,15 +64,34 @@ class RewardModel:
         head = classification_head_init(key, int(self.lm.config.hidden_size), 1)
         return {"model": backbone_params, "head": head}
 
-    def logits(self, params: dict, ids: jax.Array, mask: jax.Array) -> jax.Array:
-        """Float32 [B] logits of left-padded [B, L] paths (read at the last real token)."""
+    def logits(self, params: dict, ids: jax.Array, mask: jax.Array, prompt_tokens: Any = None) -> jax.Array:
+        """Float32 [B] logits of left-padded [B, L] paths (read at the last real token; the prompt's
+        length is not needed)."""
         positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
         hidden = self.lm.hidden_states(params["model"], ids, mask, positions=positions)
         return classification_head_apply(params["head"], gather_last(hidden, mask))[..., 0]
 
-    def score(self, params: dict, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    def score(self, params: dict, ids: jax.Array, mask: jax.Array, prompt_tokens: Any = None) -> jax.Array:
         """The score in [0, 1] (the env's `score_fn`)."""
         return jax.nn.sigmoid(self.logits(params, ids, mask))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LikelihoodVerifier:
+    """A path's score is the probability, under the verifier decoder `lm` (params: its weights), of
+    the least likely token of its steps: exp(min_t log p(x_t | x_<t)) over the tokens after the
+    prompt. One wrong token (a digit the verifier would not have written) sinks the whole path, the
+    shape of a process label; the prompt's own tokens are not judged."""
+
+    lm: Any
+
+    def score(self, params: Any, ids: jax.Array, mask: jax.Array, prompt_tokens: jax.Array) -> jax.Array:
+        from jaxrl_hier.llm.sampling import token_logprobs
+
+        logp = token_logprobs(self.lm, params, ids, mask)  # [B, L - 1]: token t + 1 given those up to t
+        index = jnp.cumsum(mask, axis=-1)[:, 1:] - 1  # each target's index among the row's real tokens
+        steps = (mask[:, 1:] > 0) & (index >= jnp.asarray(prompt_tokens)[:, None])
+        return jnp.exp(jnp.min(jnp.where(steps, logp, 0.0), axis=-1))
 
 
 def split_steps(tokens: Sequence[int], delimiter_id: int, eos_id: int, step_tokens: int) -> list[list[int]]:
@@ -87,7 +118,7 @@ def build_path_data(prompt_ids: np.ndarray, prompt_mask: np.ndarray, completions
     Each prefix is labelled with its completion's final-answer label, or, given `prefix_labels` (one
     list per completion, one bool per step), with its own."""
     length = prompt_ids.shape[1] + max_depth * step_tokens
-    rows, label_rows, groups, depths = [], [], [], []
+    rows, label_rows, groups, depths, prompts = [], [], [], [], []
     for i, (completion, label) in enumerate(zip(completions, labels)):
         prompt = [int(t) for t, m in zip(prompt_ids[i], prompt_mask[i]) if m]
         path: list[int] = []
@@ -97,13 +128,14 @@ def build_path_data(prompt_ids: np.ndarray, prompt_mask: np.ndarray, completions
             label_rows.append(float(label if prefix_labels is None else prefix_labels[i][j]))
             groups.append(i)
             depths.append(j + 1)
+            prompts.append(len(prompt))
     ids = np.full((len(rows), length), pad_id, np.int32)
     mask = np.zeros((len(rows), length), np.int32)
     for r, row in enumerate(rows):
         ids[r, length - len(row):] = row
         mask[r, length - len(row):] = 1
     return PathData(ids, mask, np.asarray(label_rows, np.float32), np.asarray(groups, np.int32),
-                    np.asarray(depths, np.int32))
+                    np.asarray(depths, np.int32), np.asarray(prompts, np.int32))
 
 
 def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: Sequence[Any], *, samples: int,
@@ -208,16 +240,18 @@ def train_reward_model(rm: RewardModel, params: dict, data: PathData, *, steps: 
     return params, losses
 
 
-def score_paths(rm: RewardModel, params: dict, ids: np.ndarray, mask: np.ndarray, batch_size: int = 512) -> np.ndarray:
-    """Scores [M] of many left-padded paths, in fixed-size batches (one compiled shape)."""
+def score_paths(rm: Any, params: Any, ids: np.ndarray, mask: np.ndarray, prompt_tokens: np.ndarray,
+                batch_size: int = 512) -> np.ndarray:
+    """Scores [M] of many left-padded paths (either kind of reward model), in fixed-size batches
+    (one compiled shape)."""
     fn = _score_fn(rm)
     out = []
     for start in range(0, len(ids), batch_size):
-        a, m = ids[start:start + batch_size], mask[start:start + batch_size]
+        a, m, p = (x[start:start + batch_size] for x in (ids, mask, prompt_tokens))
         fill = batch_size - len(a)
         if fill:
-            a, m = np.concatenate([a, a[:1].repeat(fill, 0)]), np.concatenate([m, m[:1].repeat(fill, 0)])
-        out.append(np.asarray(fn(params, jnp.asarray(a), jnp.asarray(m)))[:batch_size - fill])
+            a, m, p = (np.concatenate([x, x[:1].repeat(fill, 0)]) for x in (a, m, p))
+        out.append(np.asarray(fn(params, jnp.asarray(a), jnp.asarray(m), jnp.asarray(p)))[:batch_size - fill])
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
@@ -230,10 +264,10 @@ def _score_fn(rm: RewardModel):
     return _SCORE[id(rm)][1]
 
 
-def evaluate_reward_model(rm: RewardModel, params: dict, data: PathData) -> dict:
+def evaluate_reward_model(rm: Any, params: Any, data: PathData) -> dict:
     """Accuracy (score > 0.5 vs label), AUC and mean BCE on held-out paths, overall and on the
     final (complete) paths only."""
-    scores = score_paths(rm, params, data.ids, data.mask)
+    scores = score_paths(rm, params, data.ids, data.mask, data.prompt_tokens)
     labels = data.label
     eps = 1e-7
     loss = float(-np.mean(labels * np.log(scores + eps) + (1 - labels) * np.log(1 - scores + eps)))
@@ -244,5 +278,5 @@ def evaluate_reward_model(rm: RewardModel, params: dict, data: PathData) -> dict
             "final_auc": auc(scores[last], labels[last])}
 
 
-__all__ = ["PathData", "RewardModel", "auc", "bce_loss", "build_path_data", "evaluate_reward_model",
+__all__ = ["LikelihoodVerifier", "PathData", "RewardModel", "auc", "bce_loss", "build_path_data", "evaluate_reward_model",
            "make_train_step", "sample_path_data", "score_paths", "split_steps", "train_reward_model"]

@@ -17,7 +17,7 @@ from jaxrl_hier.tasks.jax_rewards import answer_token_spec, encode_answers
 S, D, N = 6, 3, 6  # step tokens, max depth, max nodes
 
 
-def length_score(rm_params, ids, mask):
+def length_score(rm_params, ids, mask, prompt_tokens):
     """A stand-in reward model whose score is known by hand: tokens on the path / 100."""
     return mask.sum(-1).astype(jnp.float32) / 100.0
 
@@ -203,3 +203,60 @@ def test_rule_search_branches_only_where_the_reward_model_doubts(setup):
     # the first step is always doubted, so every search branches at least once; a search that no
     # answer line ends early fills the tree
     assert (np.asarray(always) >= 3).all() and (np.asarray(always) == N).any()
+
+
+def test_swap_siblings_change_the_greedy_step_where_the_generator_was_least_sure(setup):
+    """sibling="swap": the k-th later child of a node keeps the first (greedy) child's tokens before
+    that child's k-th smallest top-2 margin, puts the generator's second choice there and continues
+    greedily; only the tokens after the kept ones count as generated, and any key gives the same."""
+    import dataclasses
+
+    from jaxrl_hier.llm.sampling import sample_tokens
+
+    tok, env, params, _ = setup
+    with pytest.raises(ConfigError, match="greedy_first_child"):
+        dataclasses.replace(env, sibling="swap")
+    with pytest.raises(ConfigError, match="sibling"):
+        dataclasses.replace(env, sibling="resample", greedy_first_child=True)
+    senv = dataclasses.replace(env, greedy_first_child=True, sibling="swap", max_children=3, temperature=2.0)
+    step = jax.jit(senv.step)
+    _, s0 = senv.reset_to(0)
+    _, s1, *_ = step(jax.random.key(0), s0, 0, params)  # Expand: the greedy step
+    _, s2, *_ = step(jax.random.key(1), s1, 1, params)  # Branch: swap at the least-confident token
+    _, s3, *_ = step(jax.random.key(2), s2, 1, params)  # Branch again: the second least-confident
+    _, s2b, *_ = step(jax.random.key(9), s1, 1, params)
+    np.testing.assert_array_equal(np.asarray(s2b.tokens), np.asarray(s2.tokens))
+    first = np.asarray(s1.tokens[1])[:int(s1.length[1])]
+    margins = np.asarray(s1.margin[1])[:len(first)]
+    ranked = np.argsort(margins, kind="stable")
+    ids, mask = senv.prefix(s0, jnp.int32(0), params)
+    used = int(s1.tokens_used)
+    for node, state, pos in ((2, s2, ranked[0]), (3, s3, ranked[1])):
+        alt = int(s1.runner_up[1, pos])
+        assert alt != first[pos]
+        # by hand: the root's prefix + the kept tokens, the runner-up forced, then greedy to the delimiter
+        pre = np.concatenate([np.asarray(ids), first[:pos]])[pos:], np.concatenate([np.asarray(mask), np.ones(pos, int)])[pos:]
+        cont = sample_tokens(env.lm, params.lm_params, pre[0][None], pre[1][None], jax.random.key(0),
+                             max_new_tokens=S - pos, eos_ids=(env.delimiter_id, env.eos_id), pad_token_id=0,
+                             greedy=True, first_tokens=jnp.array([alt]))
+        gen = np.asarray(cont.tokens[0])[np.asarray(cont.mask[0]) > 0]
+        expect = np.concatenate([first[:pos], gen])
+        got = np.asarray(state.tokens[node])[:int(state.length[node])]
+        np.testing.assert_array_equal(got, expect)
+        assert int(state.parent[node]) == 0 and int(state.children[0]) == node
+        used += len(gen)
+        assert int(state.tokens_used) == used
+        np.testing.assert_allclose(float(state.logp[node]),
+                                   (np.asarray(s1.token_logp[1])[:pos].sum() + np.asarray(cont.logprobs[0]).sum())
+                                   / len(expect), atol=1e-5)
+
+
+def test_the_reward_model_is_told_where_the_prompt_ends(setup):
+    """The env passes each path's number of BOS + prompt tokens (what LikelihoodVerifier skips)."""
+    import dataclasses
+
+    tok, env, params, _ = setup
+    penv = dataclasses.replace(env, score_fn=lambda rm_params, ids, mask, prompt_tokens: prompt_tokens / 100.0)
+    _, s0 = penv.reset_to(1)
+    _, s1, *_ = jax.jit(penv.step)(jax.random.key(0), s0, 0, params)
+    assert float(s1.score[1]) == pytest.approx((1 + len("3-1=")) / 100.0)

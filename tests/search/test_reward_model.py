@@ -10,7 +10,7 @@ from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm import LanguageModel
 from jaxrl_hier.llm_rl.data import encode_prompts
 from jaxrl_hier.llm_rl.model_setup import tiny_qwen2_config
-from jaxrl_hier.search.reward_model import (RewardModel, auc, build_path_data, evaluate_reward_model, split_steps,
+from jaxrl_hier.search.reward_model import (LikelihoodVerifier, RewardModel, auc, build_path_data, evaluate_reward_model, split_steps,
                                             train_reward_model)
 from jaxrl_hier.tasks import build_char_tokenizer
 
@@ -33,6 +33,7 @@ def test_split_steps_and_layout(tok):
     assert data.ids.shape == (2, 8 + 20) and data.steps.tolist() == [1, 2] and data.label.tolist() == [1.0, 1.0]
     real = data.ids[1][data.mask[1] > 0].tolist()
     assert tok.decode(real) == "<bos>1+2+4=1+2=3\n3+4=7\n" and data.mask[1][0] == 0  # left-padded, 2 steps kept
+    assert data.prompt_tokens.tolist() == [7, 7]  # BOS + "1+2+4="
 
 
 def test_process_labels_mark_every_prefix_from_the_first_wrong_step(tok):
@@ -86,3 +87,30 @@ def test_training_loss_falls(tok):
     assert after["loss"] < before["loss"] and after["auc"] > 0.7
     with pytest.raises(ConfigError, match="steps"):
         train_reward_model(rm, params, data, steps=0, batch_size=4, learning_rate=1e-3)
+
+
+def test_likelihood_verifier_scores_the_least_likely_step_token(tok):
+    """exp(min log p) over the step tokens only, by hand from token_logprobs; a path whose worst
+    token is a prompt token is not penalised for it; it is measured like the classifier."""
+    from jaxrl_hier.llm.sampling import token_logprobs
+
+    hf = tiny_qwen2_config(len(tok), hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=32,
+                           pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    lm = LanguageModel.random(hf, jax.random.key(3), tokenizer=tok)
+    lm.params = jax.tree_util.tree_map(lambda x: x * 8 if x.ndim == 2 else x, lm.params)  # peaked distributions
+    nl = tok.convert_tokens_to_ids("\n")
+    completions = [tok(t, add_special_tokens=False)["input_ids"] + [2] for t in ("1+2=3\n#### 3", "9-9=5\n#### 5")]
+    p = encode_prompts(tok, ["1+2=", "9-9="], 6)
+    data = build_path_data(p.ids, p.mask, completions, [True, False], delimiter_id=nl, eos_id=2, pad_id=0,
+                           step_tokens=8, max_depth=2)
+    verifier = LikelihoodVerifier(lm)
+    got = np.asarray(jax.jit(verifier.score)(lm.params, data.ids, data.mask, data.prompt_tokens))
+    lp = np.asarray(token_logprobs(lm, lm.params, data.ids, data.mask))
+    for row in range(len(got)):
+        real = np.flatnonzero(data.mask[row])  # positions of the real tokens
+        targets = real[data.prompt_tokens[row]:]  # the step tokens
+        assert np.exp(lp[row, targets - 1].min()) == pytest.approx(got[row], rel=1e-4)
+        with_prompt = np.exp(lp[row, real[1:] - 1].min())
+        assert with_prompt <= got[row] * (1 + 1e-5)
+    assert (got > 0).all() and (got <= 1).all()
+    assert evaluate_reward_model(verifier, lm.params, data)["examples"] == len(got)
