@@ -14,7 +14,7 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
         "sft_steps=4", "sft_batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
         "rm_batch_size=8", "train_problems=16", "total_timesteps=64", "num_envs=4", "num_steps=8",
         "num_minibatches=2", "update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
-        "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1"]
+        "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1", "rm_sft_steps=4"]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -24,6 +24,8 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
     ("num_minibatches=3", "num_minibatches"),
     ("cost_branch=-1", "cost_branch"),
     ("max_nodez=3", "unknown config key"),
+    ("rm_kind=oracle", "rm_kind"),
+    ("rm_sft_steps=0", "rm_sft_steps"),
 ])
 def test_bad_config_exits_2(tmp_path, capsys, override, message):
     rc = train.main(["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(tmp_path / "run"),
@@ -33,10 +35,21 @@ def test_bad_config_exits_2(tmp_path, capsys, override, message):
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+def test_swap_siblings_need_greedy_first_children(tmp_path, capsys):
+    rc = train.main(["--config", "configs/pgts_arithmetic_swap.yaml", "--output-dir", str(tmp_path / "run"),
+                     "--no-progress", "greedy_first_child=false"])
+    assert rc == 2
+    assert "greedy_first_child" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
-def test_pipeline_end_to_end(tmp_path, capsys):
+@pytest.mark.parametrize("config", ["configs/pgts_arithmetic.yaml", "configs/pgts_arithmetic_swap.yaml"])
+def test_pipeline_end_to_end(tmp_path, capsys, config):
+    """Both shipped configs: sampled siblings with the classifier reward model, and swap siblings with
+    the likelihood verifier (its own SFT stage under reward_model/sft)."""
     out = tmp_path / "run"
-    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY]
+    args = ["--config", config, "--output-dir", str(out), "--no-progress", *TINY]
     assert train.main(args) == 0
     for path in ("config.yaml", "sft/DONE", "sft/model", "reward_model/DONE", "metrics.jsonl", "trees.txt",
                  "learning_curve.png", "eval/results.json", "eval/table.md", "eval/accuracy_vs_tokens.png",
@@ -53,6 +66,7 @@ def test_pipeline_end_to_end(tmp_path, capsys):
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] > 0 for r in rows)
     rm = json.loads((out / "reward_model/DONE").read_text())
     assert {"accuracy", "auc", "loss"} <= set(rm["eval"])
+    assert (out / "reward_model/sft/model").is_dir() == ("swap" in config)
     trees = (out / "trees.txt").read_text()
     assert trees.count("=== update") == 3 and "[0] <prompt>" in trees
     # every stage is complete: --resume skips them all and leaves the results alone
