@@ -265,12 +265,16 @@ class SearchEnv(Environment):
         order = jnp.argsort(~mask, stable=True)  # real tokens first, in path order
         return jnp.where(mask[order], toks[order], self.pad_id), mask[order].astype(jnp.int32)
 
-    def prefix(self, state: TreeState, node: jax.Array, params: SearchParams) -> tuple[jax.Array, jax.Array]:
-        """BOS + prompt + the steps on the path to `node`: ids and mask [prefix_length], left-padded."""
+    def prefix(self, state: TreeState, node: jax.Array, params: SearchParams, tail: jax.Array | None = None,
+               tail_mask: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """BOS + prompt + the steps on the path to `node` (+ the real `tail` tokens, where `tail_mask`
+        is 1): ids and mask [prefix_length], left-padded. A tail fits when `node` is above the depth
+        limit: the path then leaves at least one step's worth of padding."""
         steps, steps_mask = self.path_tokens(state, node)
-        ids = jnp.concatenate([params.prompt_ids[state.problem], steps])
-        mask = jnp.concatenate([params.prompt_mask[state.problem], steps_mask])
-        order = jnp.argsort(mask, stable=True)  # padding first, then the real tokens in order
+        ids = jnp.concatenate([params.prompt_ids[state.problem], steps] + ([] if tail is None else [tail]))
+        mask = jnp.concatenate([params.prompt_mask[state.problem], steps_mask]
+                               + ([] if tail is None else [tail_mask.astype(jnp.int32)]))
+        order = jnp.argsort(mask, stable=True)[len(mask) - self.prefix_length:]  # padding first, then the tokens
         return jnp.where(mask[order] > 0, ids[order], self.pad_id), mask[order]
 
     def is_correct(self, state: TreeState, node: jax.Array, params: SearchParams) -> jax.Array:
@@ -299,13 +303,8 @@ class SearchEnv(Environment):
         s = self.step_tokens
         steps = jnp.arange(s)
         first, keep, forced = self.swap_point(state, parent)
-        # the prefix: the path to the parent, then (a swap) the first child's tokens before the swap;
-        # the path holds at most max_depth - 1 steps, so they fit in the static prefix length
-        ids, mask = self.prefix(state, parent, params)
-        ids = jnp.concatenate([ids, state.tokens[first]])
-        mask = jnp.concatenate([mask, (steps < keep).astype(jnp.int32)])
-        order = jnp.argsort(mask, stable=True)[s:]
-        ids, mask = jnp.where(mask[order] > 0, ids[order], self.pad_id), mask[order]
+        # the prefix: the path to the parent, then (a swap) the first child's tokens before the swap
+        ids, mask = self.prefix(state, parent, params, state.tokens[first], steps < keep)
 
         # with greedy_first_child the sampler takes the greedy flag as a traced value: one model pass
         # either way (a lax.cond between a greedy and a sampled call runs both under vmap)

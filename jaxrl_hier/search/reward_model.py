@@ -64,15 +64,14 @@ class RewardModel:
         head = classification_head_init(key, int(self.lm.config.hidden_size), 1)
         return {"model": backbone_params, "head": head}
 
-    def logits(self, params: dict, ids: jax.Array, mask: jax.Array, prompt_tokens: Any = None) -> jax.Array:
-        """Float32 [B] logits of left-padded [B, L] paths (read at the last real token; the prompt's
-        length is not needed)."""
+    def logits(self, params: dict, ids: jax.Array, mask: jax.Array) -> jax.Array:
+        """Float32 [B] logits of left-padded [B, L] paths (read at the last real token)."""
         positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
         hidden = self.lm.hidden_states(params["model"], ids, mask, positions=positions)
         return classification_head_apply(params["head"], gather_last(hidden, mask))[..., 0]
 
     def score(self, params: dict, ids: jax.Array, mask: jax.Array, prompt_tokens: Any = None) -> jax.Array:
-        """The score in [0, 1] (the env's `score_fn`)."""
+        """The score in [0, 1] (the env's `score_fn`; the prompt's length is not needed)."""
         return jax.nn.sigmoid(self.logits(params, ids, mask))
 
 
