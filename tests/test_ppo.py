@@ -48,6 +48,20 @@ def test_same_seed_same_numbers(cartpole_run):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_init_from_given_params_continues_a_trained_policy(cartpole_run):
+    """PPO.init(key, params=...) starts every seed from those params (a warm start, as the PGTS
+    imitation stage gives): a trained CartPole policy balances from its first update."""
+    trainer, runner, _ = cartpole_run
+    trained = jax.tree.map(lambda x: x[0], runner.train_state.params)
+    warm = trainer.init(jax.random.PRNGKey(7), params=trained)
+    for a, b in zip(jax.tree.leaves(warm.train_state.params), jax.tree.leaves(runner.train_state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _, metrics = trainer.update(warm, 2)
+    assert np.nanmean(np.asarray(metrics["episode_return"])) > 100  # from scratch the first updates give < 60
+    with pytest.raises(ValueError, match="parameter tree"):
+        trainer.init(jax.random.PRNGKey(7), params={"other": trained})
+
+
 def test_seeds_are_vmapped_and_independent():
     config = PPOConfig(total_timesteps=16 * 16 * 3, num_seeds=3, **{**CARTPOLE, "num_envs": 16, "num_steps": 16})
     trainer = make_train(config)

@@ -303,8 +303,8 @@ class PPO:
         value = self._step_net(params, extra, hidden, obs)[2]
         return value[0] if self.recurrent else value
 
-    def _init_one(self, key: jax.Array, extra: dict, env_params: Any = None) -> RunnerState:
-        """The runner state of one seed (no seed axis)."""
+    def _init_one(self, key: jax.Array, extra: dict, env_params: Any = None, params: Any = None) -> RunnerState:
+        """The runner state of one seed (no seed axis); `params`: start from these network params."""
         env_params = self.env_params if env_params is None else env_params
         key, k_net, k_env = jax.random.split(key, 3)
         vec = self.vec_env(env_params)
@@ -318,7 +318,10 @@ class PPO:
                                           jnp.zeros((1, 1), bool))
         else:
             variables = self.network.init(k_net, sample_obs)
-        params = variables["params"]
+        if params is None:
+            params = variables["params"]
+        elif jax.tree.structure(params) != jax.tree.structure(variables["params"]):
+            raise ValueError("PPO.init: the given params do not match the network's parameter tree.")
         extra = {**{k: v for k, v in variables.items() if k != "params"}, **extra}
         opt_state = self.optimizer().init(params)
         runner = RunnerState(TrainState(params, opt_state), env_state, obs, env_params, extra, key, jnp.int32(0),
@@ -327,10 +330,12 @@ class PPO:
         # typed, and jit caches on weak types, so make them strong now or chunk 2 recompiles.
         return jax.tree.map(lambda x: jax.lax.convert_element_type(x, jnp.asarray(x).dtype), runner)
 
-    def init(self, key: jax.Array, extra_variables: dict | None = None) -> RunnerState:
-        """Initial state of `num_seeds` runs, laid out on the mesh (env arrays split over devices)."""
+    def init(self, key: jax.Array, extra_variables: dict | None = None, params: Any = None) -> RunnerState:
+        """Initial state of `num_seeds` runs, laid out on the mesh (env arrays split over devices).
+        `params` (one network's params, e.g. a policy pretrained by imitation) starts every seed from
+        them instead of a fresh initialisation; the optimiser state starts fresh either way."""
         seed_keys = jax.random.split(key, self.config.num_seeds)
-        init = jax.vmap(lambda k: self._init_one(k, extra_variables or {}))
+        init = jax.vmap(lambda k: self._init_one(k, extra_variables or {}, params=params))
         # Compiled with output shardings, so that each device (and each host, in a multi-host
         # run) only materialises its own env shards.
         out_shardings = self.shardings(jax.eval_shape(init, seed_keys))
