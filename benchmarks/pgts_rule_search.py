@@ -8,7 +8,10 @@ config's held-out problems with a fixed rule instead of the trained policy, in t
 step just generated scores below `tau` by the reward model and its parent has at most `extra`
 children, Branch (a sibling of that step replaces it as the current node: sampled, or with
 `--sibling swap` the step with its least-confident token swapped for the generator's second choice).
-With the config's `greedy_first_child`, `tau` below every score is chain-of-thought greedy. The
+This is `search.imitation.threshold_rule`, the teacher of the pipeline's imitation stage. With the
+config's `greedy_first_child`, `tau` below every score is chain-of-thought greedy (but for a path
+that reaches max_depth without an answer line: the rule then Branches or Backtracks, since a
+policy may not Terminate there; the `nodes` column shows when that happened). The
 `oracle` column is how often some answer line in the searched tree is right: what a perfect choice
 among the tree's final nodes would reach, so the gap to `accuracy` is the reward model's. A rule that
 beats CoT shows what a policy could learn; one that cannot says the env's actions, this generator
@@ -31,21 +34,12 @@ if str(REPO) not in sys.path:
 
 def make_rule_runner(env, max_actions: int = 64):
     """A jitted `run((tau, extra), env_params, problem_ids [P], key) -> (final TreeState [P], actions [P])`
-    of the rule (module docstring) on `search.baselines.make_runner`; tau and extra are traced, so
-    every rule runs on one compiled program."""
-    import jax.numpy as jnp
-
+    of the rule (module docstring, `search.imitation.threshold_rule`) on `search.baselines.make_runner`;
+    tau and extra are traced, so every rule runs on one compiled program."""
     from jaxrl_hier.search.baselines import make_runner
-    from jaxrl_hier.search.env import BRANCH, EXPAND
+    from jaxrl_hier.search.imitation import threshold_rule
 
-    def act(rule, obs, state, key):
-        tau, extra = rule
-        mask, cur = obs["action_mask"], state.current
-        parent = jnp.maximum(state.parent[cur], 0)
-        doubt = (cur != 0) & (state.score[cur] < tau) & (state.children[parent] <= extra) & mask[BRANCH]
-        return jnp.where(doubt, BRANCH, jnp.where(mask[EXPAND], EXPAND, env.terminate_action))
-
-    return make_runner(env, act, max_actions)
+    return make_runner(env, threshold_rule(env), max_actions)
 
 
 def any_final_right(env, state, params):

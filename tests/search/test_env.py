@@ -186,23 +186,40 @@ def test_greedy_first_child_is_the_greedy_step_and_branches_are_sampled(setup):
     assert len(siblings) > 1  # sampled at temperature 2 from a random model: not one fixed step
 
 
-def test_rule_search_branches_only_where_the_reward_model_doubts(setup):
-    """benchmarks/pgts_rule_search.py's rule: below every score it never branches (chain-of-thought, one
-    node per depth); above every score each generated step gets one extra sibling."""
+def test_rule_branches_only_where_the_reward_model_doubts(setup):
+    """search.imitation.threshold_rule (the imitation teacher and benchmarks/pgts_rule_search.py's
+    rule), state by state: Expand a trusted step, Branch a doubted one while its parent has room for
+    `extra` more children, Terminate on an answer line, and at the depth limit without one (where
+    Terminate is closed) Branch, or Backtrack one level when no sibling is left."""
     import sys
     from pathlib import Path
+
+    from jaxrl_hier.search.imitation import threshold_rule
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from benchmarks.pgts_rule_search import make_rule_runner
 
-    _, env, params, _ = setup
-    problems, key, run = jnp.arange(2), jax.random.key(3), make_rule_runner(env)
-    never = run((jnp.float32(-np.inf), jnp.int32(0)), params, problems, key)[0].num_nodes
-    always = run((jnp.float32(2.0), jnp.int32(1)), params, problems, key)[0].num_nodes  # length_score < 1
-    assert (np.asarray(never) <= D + 1).all()
-    # the first step is always doubted, so every search branches at least once; a search that no
-    # answer line ends early fills the tree
-    assert (np.asarray(always) >= 3).all() and (np.asarray(always) == N).any()
+    tok, env, params, _ = setup
+    act = threshold_rule(env)
+    rule = (jnp.float32(0.5), jnp.int32(1))  # one extra sibling per node
+
+    def choice(state, node, score):
+        state = state.replace(current=node, score=state.score.at[node].set(score))
+        return int(act(rule, env.observation(state), state, None))
+
+    _, s = env.reset_to(0)
+    s = put(env, s, 1, 0, "1+2=3\n", tok)
+    assert choice(s, 1, 0.9) == 0 and choice(s, 1, 0.1) == 1  # trusted: Expand; doubted: Branch
+    assert choice(put(env, s, 2, 0, "1+2=4\n", tok), 2, 0.1) == 0  # the root has 1 + 1 extra children: Expand
+    assert choice(put(env, s, 2, 1, "#### 3", tok), 2, 0.9) == env.terminate_action
+    s = put(env, put(env, s, 2, 1, "3+0=3\n", tok), 3, 2, "3-0=3\n", tok)
+    assert choice(s, 3, 0.9) == 1  # depth limit, no answer line: a sibling
+    assert choice(put(env, s, 4, 2, "3*1=3\n", tok), 3, 0.9) == 2  # ... none left (max_children): Backtrack(1)
+    # the compiled runner of the benchmark: above every score each generated step gets one extra
+    # sibling, so every search branches at the root (length_score < 1)
+    run = make_rule_runner(env)
+    always = jax.device_get(run((jnp.float32(2.0), jnp.int32(1)), params, jnp.arange(2), jax.random.key(3))[0])
+    assert (always.children[:, 0] == 2).all()
 
 
 def test_swap_siblings_change_the_greedy_step_where_the_generator_was_least_sure(setup):

@@ -1,0 +1,80 @@
+"""Imitation warm-start of the PGTS policy: the demonstration collector records exactly the rule's
+searches (replayed by hand), and behaviour cloning fits a GPS policy that then searches as the rule
+does. A tiny random generator with greedy first children and swap siblings makes every step
+key-independent, so the replay needs no keys."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_hier.networks import GPSActorCritic
+from jaxrl_hier.search.baselines import make_runner, make_search_runner
+from jaxrl_hier.search.imitation import behaviour_cloning, make_demo_collector, threshold_rule
+
+from tests.search.test_env import N, setup  # noqa: F401 (the env fixture)
+
+RULE = (jnp.float32(0.15), jnp.int32(1))  # length_score is tokens / 100: the first steps score below 0.15
+STEPS = N + 2  # more actions than a search can take: the rows after its end are invalid
+
+
+@pytest.fixture(scope="module")
+def demos(setup):  # noqa: F811
+    _, env, params, _ = setup
+    env = dataclasses.replace(env, greedy_first_child=True, sibling="swap")
+    collect = make_demo_collector(env, threshold_rule(env), STEPS)
+    return env, params, jax.device_get(collect(RULE, params, jnp.arange(2), jax.random.key(0)))
+
+
+def test_demonstrations_are_the_rules_searches(demos):
+    env, params, d = demos
+    act = threshold_rule(env)
+    step = jax.jit(env.step)
+    assert d.action.shape == d.valid.shape == d.returns.shape == (2, STEPS)
+    for p in range(2):
+        obs, state = env.reset_to(p)
+        rewards, actions = [], []
+        while not bool(state.done):
+            actions.append(int(act(RULE, obs, state, None)))
+            obs, state, reward, *_ = step(jax.random.key(99), state, actions[-1], params)
+            rewards.append(float(reward))
+        n = len(actions)
+        np.testing.assert_array_equal(d.valid[p], np.arange(STEPS) < n)
+        np.testing.assert_array_equal(d.action[p, :n], actions)
+        np.testing.assert_allclose(d.returns[p, :n], np.cumsum(rewards[::-1])[::-1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(d.returns[p, n:], 0.0)
+        assert bool(d.correct[p]) == bool(state.correct) and int(d.tokens[p]) == int(state.tokens_used)
+    # the rule branched where the score was low, and the searches hold more than one path
+    assert (d.action[d.valid] == 1).any() and (d.action[d.valid] == 0).any()
+
+
+def test_behaviour_cloning_makes_a_policy_that_searches_like_the_rule(demos):
+    env, params, d = demos
+    net = GPSActorCritic(env.num_actions, hidden_size=32, num_layers=1, prior=2.0)
+    init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
+    cloned, history = behaviour_cloning(net, init, d, steps=150, batch_size=16, learning_rate=3e-3, seed=0)
+    assert history[-1]["accuracy"] == 1.0 and history[-1]["nll"] < 0.1 * history[0]["nll"]
+    assert history[-1]["value_loss"] < history[0]["value_loss"]
+    rule_states, _ = make_runner(env, threshold_rule(env), STEPS)(RULE, params, jnp.arange(2), jax.random.key(0))
+    untrained, _ = make_search_runner(env, net, STEPS)({"params": init}, params, jnp.arange(2), jax.random.key(0))
+    states, _ = make_search_runner(env, net, STEPS)({"params": cloned}, params, jnp.arange(2), jax.random.key(0))
+    for name in ("num_nodes", "tokens_used", "current", "parent"):
+        np.testing.assert_array_equal(np.asarray(getattr(states, name)), np.asarray(getattr(rule_states, name)))
+    # the prior alone (Expand until the end) searches differently: the clone learned the branches
+    assert not np.array_equal(np.asarray(untrained.parent), np.asarray(rule_states.parent))
+
+
+def test_behaviour_cloning_refuses_demonstrations_it_cannot_learn(demos):
+    env, _, d = demos
+    net = GPSActorCritic(env.num_actions, hidden_size=8, num_layers=1)
+    init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
+    with pytest.raises(ValueError, match="no valid action"):
+        behaviour_cloning(net, init, d._replace(valid=np.zeros_like(d.valid)), steps=1, batch_size=4,
+                          learning_rate=1e-3)
+    # Terminate at the root (before any step) is masked: a demonstration of it cannot be learned
+    bad = d.action.copy()
+    bad[0, 0] = env.terminate_action
+    with pytest.raises(ValueError, match="1 demonstrated actions are masked"):
+        behaviour_cloning(net, init, d._replace(action=bad), steps=1, batch_size=4, learning_rate=1e-3)
