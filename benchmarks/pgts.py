@@ -131,11 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(args.out / "throughput.json", tp)
         print(json.dumps(tp, indent=1))
         return 0
-    search, net_params = cli.run_ppo_stage(config, ns, run_dir, lm, rm, rm_params, tokenizer, task)
+    search, net_params, start_params = cli.run_ppo_stage(config, ns, run_dir, lm, rm, rm_params, tokenizer, task)
 
     tick = time.perf_counter()
     rows, trees = cli.evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, (search, net_params),
-                                   sc_samples=tuple(args.sc), mcts_simulations=tuple(args.mcts))
+                                   sc_samples=tuple(args.sc), mcts_simulations=tuple(args.mcts),
+                                   start_params=start_params)
     eval_s = time.perf_counter() - tick
 
     env = cli.build_env(config, lm, rm, tokenizer)

@@ -8,6 +8,9 @@ the run directory (so a killed run resumes at the stage it was in):
     reward_model/        sampled solutions labelled by their final answer, a classification head
                          trained on partial paths: metrics.jsonl (loss per step), checkpoints/, DONE
                          (held-out accuracy and AUC)
+    imitation/           imitation_steps > 0: the threshold rule's searches of training problems, a
+                         policy cloned from them (search.imitation) as PPO's start: metrics.jsonl,
+                         checkpoints/, DONE (the rule's training accuracy, the fit)
     metrics.jsonl        PGTS PPO, one record per log_every updates (return, training accuracy of
                          finished searches, losses, search steps/s) and eval/* every eval_every
     checkpoints/         Orbax checkpoints of the PPO runner state (--resume continues exactly)
@@ -15,7 +18,7 @@ the run directory (so a killed run resumes at the stage it was in):
     learning_curve.png   return, training and held-out accuracy against PPO updates
     eval/                results.json, table.md, accuracy_vs_tokens.png, trees of PGTS and MCTS:
                          PGTS against CoT greedy, self-consistency, best-of-N and MCTS on the same
-                         held-out problems
+                         held-out problems (with imitation also the rule and the cloned policy)
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
@@ -162,6 +165,32 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     return verifier, model.params, info
 
 
+def run_params_stage(stage: Path, target: Any, meta: dict, step: int,
+                     train: Callable[[Any], tuple[Any, dict]]) -> tuple[Any, dict, bool]:
+    """A stage whose product is one parameter tree: stage/checkpoints holds it and stage/DONE (written
+    last) its summary. A finished stage is restored into `target`'s structure; otherwise
+    `train(target) -> (params, summary)` runs and its params are saved as checkpoint `step`, a
+    checkpoint of a run killed before DONE being replaced. Returns (params, summary, was finished)."""
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.io import atomic_write_json
+    from jaxrl_hier.train import is_primary
+
+    ckpt = Checkpointer(stage / "checkpoints", keep=1)
+    try:
+        if (stage / "DONE").is_file():
+            params, _ = ckpt.restore(ckpt.latest_step(), target, expect=meta)
+            return params, json.loads((stage / "DONE").read_text()), True
+        params, info = train(target)
+        ckpt.delete_newer_than(None)
+        ckpt.save(step, params, meta)
+        ckpt.wait()
+        if is_primary():
+            atomic_write_json(stage / "DONE", info)
+        return params, info, False
+    finally:
+        ckpt.close()
+
+
 def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any,
                            args: argparse.Namespace | None = None) -> tuple[Any, Any, dict]:
     """Sample, label, train and evaluate the reward model (or load it); returns (rm, params, summary).
@@ -171,8 +200,6 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
     if config.rm_kind == "likelihood":
         return run_verifier_stage(config, out, lm, tokenizer, task, args)
 
-    from jaxrl_hier.checkpointing import Checkpointer
-    from jaxrl_hier.io import atomic_write_json
     from jaxrl_hier.logging import MetricsWriter
     from jaxrl_hier.search.reward_model import (RewardModel, evaluate_reward_model, sample_path_data,
                                                 train_reward_model)
@@ -180,16 +207,8 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
     stage = out / "reward_model"
     rm = RewardModel(lm)
-    params = rm.init(jax.random.key(config.seed + 11), lm.params)  # backbone: a copy of the generator
-    meta = {"stage": "reward_model", "hidden": int(lm.config.hidden_size)}
-    ckpt = Checkpointer(stage / "checkpoints", keep=1)
-    try:
-        if (stage / "DONE").is_file():
-            info = json.loads((stage / "DONE").read_text())
-            params, _ = ckpt.restore(ckpt.latest_step(), params, expect=meta)
-            log(f"reward model stage already complete ({stage}): held-out accuracy {info['eval']['accuracy']:.3f}, "
-                f"AUC {info['eval']['auc']:.3f}")
-            return rm, params, info
+
+    def train(params):
         t0 = time.perf_counter()
         train_data, train_info = sample_path_data(lm, lm.params, tokenizer, task,
                                                   task.problems("train", config.rm_problems, config.seed + 1),
@@ -210,17 +229,21 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
         finally:
             writer.close()
         ev = evaluate_reward_model(rm, params, test_data)
-        ckpt.save(config.rm_steps, params, meta)
-        ckpt.wait()
-        info = {"train": train_info, "held_out": test_info, "eval_before": before, "eval": ev,
-                "final_train_loss": float(sum(losses[-20:]) / len(losses[-20:])), "time_s": time.perf_counter() - t0}
-        if is_primary():
-            atomic_write_json(stage / "DONE", info)
+        return params, {"train": train_info, "held_out": test_info, "eval_before": before, "eval": ev,
+                        "final_train_loss": float(sum(losses[-20:]) / len(losses[-20:])),
+                        "time_s": time.perf_counter() - t0}
+
+    params = rm.init(jax.random.key(config.seed + 11), lm.params)  # backbone: a copy of the generator
+    meta = {"stage": "reward_model", "hidden": int(lm.config.hidden_size)}
+    params, info, finished = run_params_stage(stage, params, meta, config.rm_steps, train)
+    ev = info["eval"]
+    if finished:
+        log(f"reward model stage already complete ({stage}): held-out accuracy {ev['accuracy']:.3f}, "
+            f"AUC {ev['auc']:.3f}")
+    else:
         log(f"reward model: held-out accuracy {ev['accuracy']:.3f} (AUC {ev['auc']:.3f}; untrained "
-            f"{before['accuracy']:.3f} / {before['auc']:.3f}) in {info['time_s']:.0f}s")
-        return rm, params, info
-    finally:
-        ckpt.close()
+            f"{info['eval_before']['accuracy']:.3f} / {info['eval_before']['auc']:.3f}) in {info['time_s']:.0f}s")
+    return rm, params, info
 
 
 # ----------------------------------------------------------------------------- plots and tables
@@ -300,9 +323,11 @@ def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
 
 def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any, problems: list,
                  policy: tuple[Any, Any] | None, *, sc_samples: tuple[int, ...] | None = None,
-                 mcts_simulations: tuple[int, ...] | None = None) -> tuple[list[dict], dict[str, str]]:
+                 mcts_simulations: tuple[int, ...] | None = None,
+                 start_params: Any = None) -> tuple[list[dict], dict[str, str]]:
     """Every method on `problems`: rows (accuracy, tokens) and text renderings of one tree each for
-    PGTS and MCTS. `policy` = (runner, network params) of a trained PGTS policy, or None."""
+    PGTS and MCTS. `policy` = (runner, network params) of a trained PGTS policy, or None;
+    `start_params`: the policy's imitation start, evaluated beside it with its teacher rule."""
     import numpy as np
 
     from jaxrl_hier.search import baselines as B
@@ -334,12 +359,32 @@ def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer
         runner, net_params = policy
         env = build_env(config, lm, rm, tokenizer)
         params = env_params_for(config, env, lm.params, rm_params, tokenizer, problems)
+        if start_params is not None:
+            rows.append(_rule_row(config, env, params, len(problems)))
+            _, row = B.run_search(runner, start_params, params, len(problems), seed=config.seed)
+            rows.append({**row, "method": "PGTS (imitation only)"})
         states, row = B.run_search(runner, net_params, params, len(problems), seed=config.seed)
         rows.append(row)
         trees["PGTS"] = render_tree(env, _index(states, 0), tokenizer, problems[0].prompt, problems[0].answer)
     for r in rows:
         r["accuracy"] = float(np.round(r["accuracy"], 6))
     return rows, trees
+
+
+def _rule_row(config: PGTSConfig, env: Any, env_params: Any, num_problems: int) -> dict:
+    """The imitation teacher (search.imitation.threshold_rule) searching problems 0..num_problems-1."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_hier.search.baselines import make_runner, summarize
+    from jaxrl_hier.search.imitation import threshold_rule
+
+    run = make_runner(env, threshold_rule(env), config.max_nodes)
+    rule = (jnp.float32(config.imitation_tau), jnp.int32(config.imitation_extra))
+    states, _ = jax.device_get(run(rule, env_params, jnp.arange(num_problems), jax.random.key(config.seed)))
+    return summarize(f"threshold rule (tau {config.imitation_tau:g}, imitation teacher)", np.asarray(states.correct),
+                     np.asarray(states.tokens_used), nodes=float(np.mean(states.num_nodes)))
 
 
 def _index(tree: Any, i: int) -> Any:
@@ -391,11 +436,11 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task, args)
     times["reward_model_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    runner_fn, net_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task)
+    runner_fn, net_params, start_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task)
     times["ppo_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
     rows = run_eval_stage(config, out, lm, rm, rm_params, tokenizer, task, (runner_fn, net_params),
-                          {"sft": sft_info, "reward_model": rm_info.get("eval")})
+                          {"sft": sft_info, "reward_model": rm_info.get("eval")}, start_params)
     times["eval_s"] = time.perf_counter() - tick
     by = {r["method"]: r for r in rows}
     pg, cot = by.get("PGTS (policy)"), by.get("CoT greedy")
@@ -429,13 +474,14 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
 
     network = GPSActorCritic(env.num_actions, config.policy_hidden_size, config.policy_layers, "relu",
                              prior=config.policy_prior)
+    start_params = run_imitation_stage(config, out, env, network, lm, rm_params, tokenizer, task)
     trainer = make_train(ppo_cfg, env=env, env_params=env_params, network=network)
     max_actions = config.max_nodes * (config.max_depth + 1) + 1
     search = make_search_runner(env, trainer.network, max_actions)
     net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)
     meta = {"stage": "pgts_ppo", "max_nodes": config.max_nodes, "max_depth": config.max_depth,
             "num_envs": config.num_envs, "policy_hidden_size": config.policy_hidden_size}
-    runner = trainer.init(jax.random.key(config.seed))
+    runner = trainer.init(jax.random.key(config.seed), params=start_params)
     total = config.num_updates
     trees_path = out / "trees.txt"
     primary = is_primary()
@@ -486,7 +532,66 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
             progress.close()
     if primary:
         plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
-    return search, net(runner)
+    return search, net(runner), None if start_params is None else {"params": start_params}
+
+
+def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, lm: Any, rm_params: Any,
+                        tokenizer: Any, task: Any) -> Any | None:
+    """`imitation_steps > 0`: the policy's start for PPO, cloned from the threshold rule's searches of
+    `imitation_problems` training problems (search.imitation), in imitation/ (metrics.jsonl, the
+    params' checkpoint, DONE with the rule's training accuracy and the fit); None when off. A
+    finished stage is loaded."""
+    if not config.imitation_steps:
+        return None
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_hier.logging import MetricsWriter
+    from jaxrl_hier.search.imitation import behaviour_cloning, make_demo_collector, threshold_rule
+    from jaxrl_hier.train import is_primary, log
+
+    stage = out / "imitation"
+
+    def train(params):
+        t0 = time.perf_counter()
+        problems = task.problems("train", config.imitation_problems, config.seed + 3)
+        env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, problems)
+        # each of the rule's actions but the last generates a node, so max_nodes actions hold a search
+        collect = make_demo_collector(env, threshold_rule(env), config.max_nodes, gamma=config.gamma)
+        rule = (jnp.float32(config.imitation_tau), jnp.int32(config.imitation_extra))
+        demos = jax.device_get(collect(rule, env_params, jnp.arange(len(problems)), jax.random.key(config.seed + 32)))
+        actions = demos.action[demos.valid]
+        demo_info = {"problems": len(problems), "actions": int(actions.size),
+                     "rule_accuracy": float(np.mean(demos.correct)), "rule_tokens": float(np.mean(demos.tokens)),
+                     "branch_fraction": float(np.mean(actions == 1)), "mean_return": float(np.mean(demos.returns[:, 0]))}
+        log(f"imitation: the rule (tau {config.imitation_tau}, {config.imitation_extra} extra) solves "
+            f"{100 * demo_info['rule_accuracy']:.1f}% of {len(problems)} training problems; {demo_info['actions']} "
+            f"actions, {100 * demo_info['branch_fraction']:.1f}% Branch")
+        writer = MetricsWriter(stage, primary=is_primary())
+        writer.truncate_after(0)
+        try:
+            params, history = behaviour_cloning(
+                network, params, demos, steps=config.imitation_steps, batch_size=config.imitation_batch_size,
+                learning_rate=config.imitation_learning_rate, vf_coef=config.vf_coef, seed=config.seed,
+                on_step=lambda i, m: writer.write({"update": i, "step": i, **m})
+                if i % config.log_every == 0 or i == config.imitation_steps else None)
+        finally:
+            writer.close()
+        last = history[-min(20, len(history)):]
+        final = {k: float(np.mean([h[k] for h in last])) for k in last[0]}
+        return params, {"demos": demo_info, "first": history[0], "final": final, "time_s": time.perf_counter() - t0}
+
+    params = network.init(jax.random.key(config.seed + 31), env.reset_to(0)[0])["params"]
+    meta = {"stage": "imitation", "max_nodes": config.max_nodes, "policy_hidden_size": config.policy_hidden_size}
+    params, info, finished = run_params_stage(stage, params, meta, config.imitation_steps, train)
+    final = info["final"]
+    if finished:
+        log(f"imitation stage already complete ({stage}): action accuracy {final['accuracy']:.3f}")
+    else:
+        log(f"imitation: {config.imitation_steps} steps, action accuracy {final['accuracy']:.3f} "
+            f"(nll {info['first']['nll']:.3f} -> {final['nll']:.3f}) in {info['time_s']:.0f}s")
+    return params
 
 
 def _tree_update(text: str) -> int:
@@ -497,7 +602,7 @@ def _tree_update(text: str) -> int:
 
 
 def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any,
-                   policy: tuple[Any, Any], extra: dict) -> list[dict]:
+                   policy: tuple[Any, Any], extra: dict, start_params: Any = None) -> list[dict]:
     """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
     from jaxrl_hier.train import is_primary, log
@@ -508,7 +613,7 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
         log(f"evaluation stage already complete ({stage})")
         return rows
     test = task.problems("test", config.eval_problems, config.seed)
-    rows, trees = evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, policy)
+    rows, trees = evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, policy, start_params=start_params)
     if is_primary():
         table = results_table(rows)
         atomic_write_text(stage / "table.md", table)

@@ -86,6 +86,15 @@ class PGTSConfig:
     policy_hidden_size: int = 64
     policy_layers: int = 2
     policy_prior: float = 2.0  # initial logit bias of Expand and Terminate (GPSActorCritic.prior): start near CoT
+    # imitation warm-start (search.imitation): before PPO, behaviour cloning of the threshold rule
+    # (Branch when the new step scores below imitation_tau and its parent has at most imitation_extra
+    # children) on its searches of imitation_problems training problems; 0 steps: PPO from the prior
+    imitation_steps: int = 0
+    imitation_problems: int = 512
+    imitation_tau: float = 0.3
+    imitation_extra: int = 1
+    imitation_batch_size: int = 256
+    imitation_learning_rate: float = 1e-3
 
     # ---- evaluation (held-out problems) and baselines
     eval_problems: int = 256
@@ -116,15 +125,17 @@ class PGTSConfig:
                     "max_children", "step_tokens", "token_budget", "rm_problems", "rm_samples", "rm_eval_problems",
                     "rm_steps", "rm_batch_size", "rm_sft_steps", "train_problems", "total_timesteps", "num_envs", "num_steps",
                     "update_epochs", "num_minibatches", "policy_hidden_size", "policy_layers", "eval_problems",
-                    "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints")
+                    "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints", "imitation_problems",
+                    "imitation_batch_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer, got {value!r}.")
-        for name in ("sft_steps", "sft_checkpoint_every", "eval_every", "checkpoint_every"):
+        for name in ("sft_steps", "sft_checkpoint_every", "eval_every", "checkpoint_every", "imitation_steps",
+                     "imitation_extra"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        for name in ("temperature", "sft_learning_rate", "rm_learning_rate", "lr", "clip_eps"):
+        for name in ("temperature", "sft_learning_rate", "rm_learning_rate", "lr", "clip_eps", "imitation_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"'{name}' must be > 0, got {getattr(self, name)}.")
         for name in ("cost_expand", "cost_branch", "cost_backtrack", "cost_terminate", "correct_reward", "ent_coef",

@@ -14,7 +14,8 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
         "sft_steps=4", "sft_batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
         "rm_batch_size=8", "train_problems=16", "total_timesteps=64", "num_envs=4", "num_steps=8",
         "num_minibatches=2", "update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
-        "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1", "rm_sft_steps=4"]
+        "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1", "rm_sft_steps=4", "imitation_problems=4",
+        "imitation_batch_size=8"]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -26,6 +27,8 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
     ("max_nodez=3", "unknown config key"),
     ("rm_kind=oracle", "rm_kind"),
     ("rm_sft_steps=0", "rm_sft_steps"),
+    ("imitation_steps=-1", "imitation_steps"),
+    ("imitation_batch_size=0", "imitation_batch_size"),
 ])
 def test_bad_config_exits_2(tmp_path, capsys, override, message):
     rc = train.main(["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(tmp_path / "run"),
@@ -36,7 +39,7 @@ def test_bad_config_exits_2(tmp_path, capsys, override, message):
 
 
 def test_swap_siblings_need_greedy_first_children(tmp_path, capsys):
-    rc = train.main(["--config", "configs/pgts_arithmetic_swap.yaml", "--output-dir", str(tmp_path / "run"),
+    rc = train.main(["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(tmp_path / "run"),
                      "--no-progress", "greedy_first_child=false"])
     assert rc == 2
     assert "greedy_first_child" in capsys.readouterr().err
@@ -44,12 +47,14 @@ def test_swap_siblings_need_greedy_first_children(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["configs/pgts_arithmetic.yaml", "configs/pgts_arithmetic_swap.yaml"])
+@pytest.mark.parametrize("config", ["configs/pgts_arithmetic_paper.yaml", "configs/pgts_arithmetic.yaml"])
 def test_pipeline_end_to_end(tmp_path, capsys, config):
-    """Both shipped configs: sampled siblings with the classifier reward model, and swap siblings with
-    the likelihood verifier (its own SFT stage under reward_model/sft)."""
+    """Both shipped configs: the paper's (sampled siblings, the classifier reward model, PPO from
+    scratch) and ours (swap siblings, the likelihood verifier with its own SFT stage under
+    reward_model/sft, PPO started from the threshold rule by imitation)."""
+    ours = "paper" not in config
     out = tmp_path / "run"
-    args = ["--config", config, "--output-dir", str(out), "--no-progress", *TINY]
+    args = ["--config", config, "--output-dir", str(out), "--no-progress", *TINY] + (["imitation_steps=3"] if ours else [])
     assert train.main(args) == 0
     for path in ("config.yaml", "sft/DONE", "sft/model", "reward_model/DONE", "metrics.jsonl", "trees.txt",
                  "learning_curve.png", "eval/results.json", "eval/table.md", "eval/accuracy_vs_tokens.png",
@@ -63,10 +68,15 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     methods = [r["method"] for r in rows]
     assert methods[0] == "CoT greedy" and "self-consistency@2" in methods and "best-of-2 (RM)" in methods
     assert "MCTS (2 simulations)" in methods and methods[-1] == "PGTS (policy)"
+    if ours:  # the imitation teacher and the cloned policy PPO started from, beside the trained one
+        assert methods[-3:-1] == ["threshold rule (tau 0.3, imitation teacher)", "PGTS (imitation only)"]
+        demos = json.loads((out / "imitation/DONE").read_text())["demos"]
+        assert demos["problems"] == 4 and demos["actions"] >= 4
+    assert (out / "imitation").exists() == ours
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] > 0 for r in rows)
     rm = json.loads((out / "reward_model/DONE").read_text())
     assert {"accuracy", "auc", "loss"} <= set(rm["eval"])
-    assert (out / "reward_model/sft/model").is_dir() == ("swap" in config)
+    assert (out / "reward_model/sft/model").is_dir() == ours
     trees = (out / "trees.txt").read_text()
     assert trees.count("=== update") == 3 and "[0] <prompt>" in trees
     # every stage is complete: --resume skips them all and leaves the results alone
@@ -76,6 +86,7 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     err = capsys.readouterr().err
     assert "SFT stage already complete" in err and "reward model stage already complete" in err
     assert "evaluation stage already complete" in err
+    assert ("imitation stage already complete" in err) == ours
     assert (out / "eval/results.json").read_text() == before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
@@ -89,3 +100,13 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
         [{k: v for k, v in r.items() if k not in volatile} for r in records]
     assert (out / "trees.txt").read_text() == trees
+    # A kill between a parameter stage's checkpoint and its DONE (the classifier reward model, or the
+    # imitation stage): --resume redoes that stage over the orphaned checkpoint, to the same result.
+    stage = out / ("imitation" if ours else "reward_model")
+    done = json.loads((stage / "DONE").read_text())
+    (stage / "DONE").unlink()
+    capsys.readouterr()
+    assert train.main(args + ["--resume"]) == 0
+    assert ("imitation: 3 steps" if ours else "reward model: held-out accuracy") in capsys.readouterr().err
+    again = json.loads((stage / "DONE").read_text())
+    assert {k: v for k, v in again.items() if k != "time_s"} == {k: v for k, v in done.items() if k != "time_s"}
