@@ -380,7 +380,7 @@ def _rule_row(config: PGTSConfig, env: Any, env_params: Any, num_problems: int) 
     from jaxrl_hier.search.baselines import make_runner, summarize
     from jaxrl_hier.search.imitation import threshold_rule
 
-    run = make_runner(env, threshold_rule(env), config.max_nodes)
+    run = make_runner(env, threshold_rule(env), config.max_search_actions)
     rule = (jnp.float32(config.imitation_tau), jnp.int32(config.imitation_extra))
     states, _ = jax.device_get(run(rule, env_params, jnp.arange(num_problems), jax.random.key(config.seed)))
     return summarize(f"threshold rule (tau {config.imitation_tau:g}, imitation teacher)", np.asarray(states.correct),
@@ -476,8 +476,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
                              prior=config.policy_prior)
     start_params = run_imitation_stage(config, out, env, network, lm, rm_params, tokenizer, task)
     trainer = make_train(ppo_cfg, env=env, env_params=env_params, network=network)
-    max_actions = config.max_nodes * (config.max_depth + 1) + 1
-    search = make_search_runner(env, trainer.network, max_actions)
+    search = make_search_runner(env, trainer.network, config.max_search_actions)
     net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)
     meta = {"stage": "pgts_ppo", "max_nodes": config.max_nodes, "max_depth": config.max_depth,
             "num_envs": config.num_envs, "policy_hidden_size": config.policy_hidden_size}
@@ -557,8 +556,7 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
         t0 = time.perf_counter()
         problems = task.problems("train", config.imitation_problems, config.seed + 3)
         env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, problems)
-        # each of the rule's actions but the last generates a node, so max_nodes actions hold a search
-        collect = make_demo_collector(env, threshold_rule(env), config.max_nodes, gamma=config.gamma)
+        collect = make_demo_collector(env, threshold_rule(env), config.max_search_actions, gamma=config.gamma)
         rule = (jnp.float32(config.imitation_tau), jnp.int32(config.imitation_extra))
         demos = jax.device_get(collect(rule, env_params, jnp.arange(len(problems)), jax.random.key(config.seed + 32)))
         actions = demos.action[demos.valid]

@@ -116,6 +116,12 @@ class PGTSConfig:
         return self.max_depth * self.step_tokens
 
     @property
+    def max_search_actions(self) -> int:
+        """A bound on one search's actions: between two generated nodes (at most max_nodes) a policy
+        can only backtrack, at most max_depth times in a row."""
+        return self.max_nodes * (self.max_depth + 1) + 1
+
+    @property
     def num_updates(self) -> int:
         return self.total_timesteps // (self.num_envs * self.num_steps)
 

@@ -62,28 +62,38 @@ class Demos(NamedTuple):
 
 def make_demo_collector(env, act: Callable, steps: int, gamma: float = 1.0) -> Callable:
     """A jitted `collect(act_params, env_params, problem_ids [P], key) -> Demos` of `act` driving the
-    search env for `steps` actions per problem (after the search ends, rows are marked invalid)."""
+    search env for up to `steps` actions per problem (rows after a search ends are marked invalid).
+    The loop stops once every search has ended, so a generous `steps` costs memory, not time."""
 
-    def one(act_params, env_params, problem, key):
-        obs, state = env.reset_to(problem)
-
-        def body(carry, k):
-            obs, state, alive = carry
-            k_act, k_env = jax.random.split(k)
-            action = act(act_params, obs, state, k_act)
-            new_obs, new_state, reward, done, _, _ = env.step(k_env, state, action, env_params)
-            hold = lambda new, old: jnp.where(alive, new, old)  # noqa: E731 (an ended search stays as it was)
-            carry = (jax.tree.map(hold, new_obs, obs), jax.tree.map(hold, new_state, state), alive & ~done)
-            return carry, (obs, action, alive, jnp.where(alive, reward, 0.0))
-
-        (_, state, _), (obs, action, valid, reward) = jax.lax.scan(
-            body, (obs, state, jnp.bool_(True)), jax.random.split(key, steps))
-        returns = jax.lax.scan(lambda g, r: (r + gamma * g, r + gamma * g), jnp.float32(0.0), reward, reverse=True)[1]
-        return Demos(obs, action.astype(jnp.int32), valid, returns, state.correct, state.tokens_used)
+    def act_and_step(act_params, env_params, obs, state, alive, key):
+        k_act, k_env = jax.random.split(key)
+        action = act(act_params, obs, state, k_act)
+        new_obs, new_state, reward, done, _, _ = env.step(k_env, state, action, env_params)
+        hold = lambda new, old: jnp.where(alive, new, old)  # noqa: E731 (an ended search stays as it was)
+        return (jax.tree.map(hold, new_obs, obs), jax.tree.map(hold, new_state, state), alive & ~done,
+                action.astype(jnp.int32), jnp.where(alive, reward, 0.0))
 
     def collect(act_params, env_params, problems, key):
-        keys = jax.random.split(key, problems.shape[0])
-        return jax.vmap(one, in_axes=(None, None, 0, 0))(act_params, env_params, problems, keys)
+        n = problems.shape[0]
+        obs, state = jax.vmap(env.reset_to)(problems)
+        rows = lambda x: jnp.zeros((n, steps) + x.shape[1:], x.dtype)  # noqa: E731
+        record = (jax.tree.map(rows, obs), jnp.zeros((n, steps), jnp.int32), jnp.zeros((n, steps), bool),
+                  jnp.zeros((n, steps), jnp.float32))
+        one_step = jax.vmap(act_and_step, in_axes=(None, None, 0, 0, 0, 0))
+
+        def body(carry):
+            i, obs, state, alive, record = carry
+            keys = jax.vmap(lambda p: jax.random.fold_in(jax.random.fold_in(key, p), i))(problems)
+            new_obs, state, new_alive, action, reward = one_step(act_params, env_params, obs, state, alive, keys)
+            record = jax.tree.map(lambda buf, x: buf.at[:, i].set(x), record, (obs, action, alive, reward))
+            return i + 1, new_obs, state, new_alive, record
+
+        _, _, state, _, (obs, action, valid, reward) = jax.lax.while_loop(
+            lambda c: (c[0] < steps) & c[3].any(), body,
+            (jnp.int32(0), obs, state, jnp.ones(n, bool), record))
+        returns = jax.lax.scan(lambda g, r: (r + gamma * g, r + gamma * g), jnp.zeros(n, jnp.float32), reward.T,
+                               reverse=True)[1].T
+        return Demos(obs, action, valid, returns, state.correct, state.tokens_used)
 
     return jax.jit(collect)
 
