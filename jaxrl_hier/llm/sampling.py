@@ -256,14 +256,17 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
     def pick(last, done, sub, force=None):
         """Sample (or argmax) one token per row from the last logits (or take `force` where >= 0);
         finished rows emit padding."""
+        # the model's own distribution: greedy rows pick and score by it, and it ranks the runner-up
+        own = None
+        if greedy or row_greedy is not None or return_runner_up:
+            own = _log_dist(last, True, 1.0, None, None, suppress)
         if greedy:
-            logp_dist = _log_dist(last, True, 1.0, None, None, suppress)
-            token = jnp.argmax(logp_dist, axis=-1).astype(jnp.int32)
+            logp_dist = own
+            token = jnp.argmax(own, axis=-1).astype(jnp.int32)
         else:
             logp_dist = _log_dist(last, plain, temperature, top_k, top_p, suppress)
             token = jax.random.categorical(sub, logp_dist, axis=-1).astype(jnp.int32)
             if row_greedy is not None:  # those rows: the argmax, scored by the model's own distribution
-                own = _log_dist(last, True, 1.0, None, None, suppress)
                 token = jnp.where(row_greedy, jnp.argmax(own, axis=-1).astype(jnp.int32), token)
                 logp_dist = jnp.where(row_greedy[:, None], own, logp_dist)
         if force is not None:
@@ -274,7 +277,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
         done = done | (live & jnp.isin(token, eos_arr))
         out = (token, jnp.where(live, logp, 0.0), live.astype(jnp.int32))
         if return_runner_up:
-            top, top_ids = jax.lax.top_k(_log_dist(last, True, 1.0, None, None, suppress), 2)
+            top, top_ids = jax.lax.top_k(own, 2)
             out = (*out, top_ids[:, 1].astype(jnp.int32), top[:, 0] - top[:, 1])
         return out, done
 
