@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from value_checks import assert_close_or_both_none
 
 ROOT = Path(__file__).resolve().parent.parent
 # 4 env shards (one per device in both layouts), 40 updates in chunks of 2, a checkpoint every 10.
@@ -89,11 +90,8 @@ def assert_same_metrics(got: list[dict], want: list[dict]) -> None:
         assert a.keys() == b.keys()
         assert a["episodes"] == b["episodes"] and a["env_steps"] == b["env_steps"], (a, b)
         for k in a:
-            if a[k] is None or b[k] is None:
-                assert a[k] == b[k], (k, a, b)
-            else:
-                # gloo's all-reduce sums in another order than the in-process one: float rounding only.
-                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a, b)
+            # gloo's all-reduce sums in another order than the in-process one: float rounding only.
+            assert_close_or_both_none(a[k], b[k], rel=1e-4, abs=1e-6, context=(k, a, b))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import json
 
 import pytest
 import yaml
+from value_checks import assert_rows_match
 
 from jaxrl_hier.train import main
 
@@ -68,6 +69,4 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     assert "SFT stage already complete" in capsys.readouterr().err
     resumed = records(part / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
-    for a, b in zip(recs, resumed):
-        for key in ("reward", "loss", "eval/accuracy", "completion_length"):
-            assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
+    assert_rows_match(resumed, recs, ("reward", "loss", "eval/accuracy", "completion_length"))

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 import yaml
+from value_checks import assert_rows_match
 
 from jaxrl_hier.llm_rl.critic import DoubleCritic, critic_loss, critic_step, critic_targets, init_critic_state
 from jaxrl_hier.llm_rl.guided import build_critic_encoder
@@ -265,9 +266,7 @@ def test_guided_end_to_end_and_exact_resume(tmp_path, capsys):
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     keys = ("train/turn1_accuracy", "train/hint_length", "critic/loss", "critic/q_mean", "actor/pg_loss",
             "guidance/kl", "eval/turn2_accuracy", "eval/hint_length")
-    for a, b in zip(recs, resumed):
-        for key in keys:
-            assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
+    assert_rows_match(resumed, recs, keys)
 
     # A kill after iteration 4 was logged but before its checkpoint was written (the window between
     # the two writes): --resume restores iteration 2, drops the logged rows 3 and 4, and replays them
@@ -277,6 +276,4 @@ def test_guided_end_to_end_and_exact_resume(tmp_path, capsys):
     assert "guided agent resumed at iteration 2" in capsys.readouterr().err
     replayed = records(part / "metrics.jsonl")
     assert [r["step"] for r in replayed] == [0, 1, 2, 3, 4]
-    for a, b in zip(recs, replayed):
-        for key in keys:
-            assert a.get(key) == pytest.approx(b.get(key), rel=1e-5, abs=1e-7), (a["step"], key)
+    assert_rows_match(replayed, recs, keys)
