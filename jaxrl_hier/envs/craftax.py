@@ -28,9 +28,14 @@ class CraftaxEnv(Environment):
         self._env = make_craftax_env_from_name(name, auto_reset=False)
         if self.classic:
             from craftax.craftax_classic.constants import Achievement
+
+            rewards = [1.0] * len(Achievement)  # Classic: +1 the first time each is unlocked
         else:
-            from craftax.craftax.constants import Achievement
+            from craftax.craftax.constants import ACHIEVEMENT_REWARD_MAP, Achievement
+
+            rewards = [float(r) for r in ACHIEVEMENT_REWARD_MAP]  # 1, 3, 5 or 8 by the achievement's tier
         self.achievement_names = tuple(a.name.lower() for a in Achievement)
+        self.achievement_rewards = tuple(rewards)
         self._renderer = None
 
     @property

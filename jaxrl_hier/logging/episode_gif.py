@@ -63,9 +63,10 @@ def _font(size: int):
 
 
 def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | None = None, *, scale: int = 4,
-                    font_size: int = 14) -> np.ndarray:
+                    font_size: int = 14, captions: Sequence[str] | None = None) -> np.ndarray:
     """Scale frames [T, H, W, 3] up by `scale` (nearest neighbour) and, when `achievements` is
-    given (one list per frame of the names unlocked so far), add a text strip under each frame.
+    given (one list per frame of the names unlocked so far), add a text strip under each frame;
+    `captions` (one line per frame, e.g. the skill acting) heads each strip.
 
     Every frame gets a strip of the same height (the tallest needed), so the GIF has one size.
     """
@@ -79,13 +80,15 @@ def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | 
     big = frames.repeat(scale, axis=1).repeat(scale, axis=2)
     if achievements is None:
         return big
-    if len(achievements) != len(frames):
-        raise ValueError(f"{len(frames)} frames but {len(achievements)} achievement lists")
+    if len(achievements) != len(frames) or (captions is not None and len(captions) != len(frames)):
+        raise ValueError(f"{len(frames)} frames but {len(achievements)} achievement lists"
+                         + ("" if captions is None else f" and {len(captions)} captions"))
     font = _font(font_size)
     width = big.shape[2]
     line_h = font_size + 4
     chars = max(8, int(width / (font_size * 0.6)))  # the default font is about 0.55 em wide
-    blocks = [_strip_lines(names, chars) for names in achievements]
+    heads = [[] for _ in frames] if captions is None else [[c] for c in captions]
+    blocks = [head + _strip_lines(names, chars) for head, names in zip(heads, achievements)]
     height = line_h * max(len(lines) for lines in blocks) + 6
     out = np.empty((len(frames), big.shape[1] + height, width, 3), np.uint8)
     previous: set[str] = set()
@@ -94,9 +97,10 @@ def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | 
         draw = ImageDraw.Draw(strip)
         new = set(names) - previous
         previous = set(names)
+        first_names = len(lines) - len(_strip_lines(names, chars)) + 1  # lines before it: caption, count
         for i, line in enumerate(lines):
-            draw.text((4, 3 + i * line_h), line, fill=NEW if i > 0 and new & set(_names_in(line)) else TEXT,
-                      font=font)
+            draw.text((4, 3 + i * line_h), line,
+                      fill=NEW if i >= first_names and new & set(_names_in(line)) else TEXT, font=font)
         out[t, : big.shape[1]] = frame
         out[t, big.shape[1]:] = np.asarray(strip)
     return out
@@ -115,15 +119,21 @@ def _names_in(line: str) -> list[str]:
 def write_episode_gif(trainer, runner, path: str | Path, max_steps: int = 400, seed: int = 0,
                       scale: int = 4) -> Path:
     """Roll out one episode and write it, scaled and annotated, as a GIF (atomically)."""
-    import imageio.v2 as imageio
-
-    from jaxrl_hier.io import atomic_writer
-
     frames, unlocked = rollout_frames(trainer, runner, jax.random.PRNGKey(seed), max_steps)
     names = None
     if unlocked is not None and len(trainer.achievement_names) == unlocked.shape[1]:
         names = [[n for n, on in zip(trainer.achievement_names, row) if on] for row in unlocked]
-    frames = annotate_frames(frames, names, scale=scale)
+    return write_annotated_gif(frames, names, path, scale=scale)
+
+
+def write_annotated_gif(frames: np.ndarray, achievements: Sequence[Sequence[str]] | None, path: str | Path, *,
+                        scale: int = 4, captions: Sequence[str] | None = None) -> Path:
+    """`annotate_frames`, written as a GIF through one atomic write."""
+    import imageio.v2 as imageio
+
+    from jaxrl_hier.io import atomic_writer
+
+    frames = annotate_frames(frames, achievements, scale=scale, captions=captions)
     with atomic_writer(path, "wb") as f:
         buf = io.BytesIO()
         imageio.mimsave(buf, list(frames), format="GIF", duration=0.08, loop=0)

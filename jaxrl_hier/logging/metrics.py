@@ -123,8 +123,15 @@ def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = 
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
+    save_figure(fig, path, dpi=100)
+
+
+def save_figure(fig, path: str | Path, dpi: int = 110) -> None:
+    """Write a matplotlib figure as a PNG through one atomic write, and close it."""
+    import matplotlib.pyplot as plt
+
     try:
         with atomic_writer(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=100)
+            fig.savefig(f, format="png", dpi=dpi)
     finally:
         plt.close(fig)

@@ -2,6 +2,7 @@
 
     python -m jaxrl_hier.skills run --config configs/skills_craftax_classic.yaml --output-dir DIR [key=value ...]
     python -m jaxrl_hier.skills status DIR
+    python -m jaxrl_hier.skills eval DIR [--episodes N] [--target SKILL] [--max-steps N] [--seed N]
     python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
@@ -25,8 +26,9 @@ CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
 # network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
 # They bound the whole run, retry failed skills, reach the generator, or judge the lock.
-RESUME_SAFE_KEYS = ("max_rounds", "max_retries", "stale_lock_s", "generator", "llm_base_url", "llm_model",
-                    "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path")
+RESUME_SAFE_KEYS = ("max_rounds", "max_retries", "stale_lock_s", "stuck_after_s", "generator", "llm_base_url",
+                    "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path", "eval_episodes",
+                    "eval_gif_steps")
 
 
 def build_catalog(config: SkillsConfig):
@@ -95,18 +97,28 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def status_table(state: SchedulerState) -> str:
-    rows = [("id", "skill", "status", "requires", "success", "steps", "time", "note")]
+def status_table(state: SchedulerState, report: dict | None = None) -> str:
+    """One row per skill. `success` is the training rate (episodes its own expert controlled); with a
+    composed-agent report (`skills eval`), `fresh greedy` / `fresh sampled` give the share of the
+    composed agent's fresh-world episodes in which the skill's conditions held."""
+    fresh = ("fresh greedy", "fresh sampled") if report else ()
+    rows = [("id", "skill", "status", "requires", "success", *fresh, "steps", "time", "note")]
     for r in state.skills:
-        rows.append((str(r.id), r.name, r.status + (f" (slot {r.slot})" if r.slot is not None else ""),
-                     ", ".join(r.spec.get("requires", [])) or "-", _rate(r.success_rate), f"{r.total_steps:,}",
-                     time.strftime("%H:%M:%S", time.gmtime(r.wall_s)), r.reason))
+        rates = tuple(_rate(report[m]["skills"].get(r.name)) for m in ("greedy", "sampled")) if report else ()
+        where = "" if r.slot is None else f" (slot {r.slot}{', fresh worlds' if r.phase == 'fresh' else ''})"
+        rows.append((str(r.id), r.name, r.status + where,
+                     ", ".join(r.spec.get("requires", [])) or "-", _rate(r.success_rate), *rates,
+                     f"{r.total_steps:,}", time.strftime("%H:%M:%S", time.gmtime(r.wall_s)), r.reason))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("")
     lines.append(f"target {state.target}; round {state.round}; generation {state.generation}"
                  + (f": {state.generation_reason}" if state.generation_reason else ""))
+    if report:
+        from jaxrl_hier.skills.composed import report_lines
+
+        lines.extend(report_lines(report))
     return "\n".join(lines)
 
 
@@ -118,7 +130,13 @@ def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, prog
     trainer = SkillTrainer(config, catalog)
     scheduler = Scheduler(config, output_dir, trainer, generator, catalog, progress=_progress(progress))
     state = scheduler.run(resume=resume, on_lock=on_lock)
-    print(status_table(state))
+    report = None
+    if config.eval_episodes and state.by_status("completed") and is_primary():
+        from jaxrl_hier.skills.composed import evaluate_run
+
+        report = evaluate_run(output_dir, config, catalog, episodes=config.eval_episodes,
+                              gif_steps=config.eval_gif_steps)
+    print(status_table(state, report))
     target_done = (all(r.status == "completed" for r in state.skills) if state.target == "all"
                    else any(r.name == state.target and r.status == "completed" for r in state.skills))
     return 0 if target_done else 1
@@ -166,7 +184,33 @@ def cmd_resume(args) -> int:
 
 
 def cmd_status(args) -> int:
-    print(status_table(load_state(Path(args.output_dir))))
+    from jaxrl_hier.skills.composed import read_report
+
+    out = Path(args.output_dir)
+    print(status_table(load_state(out), read_report(out)))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    """The composed agent of a run, from fresh worlds: report in DIR/eval/ (see skills.composed)."""
+    from jaxrl_hier.skills.composed import evaluate_run
+
+    out = Path(args.output_dir)
+    state = load_state(out)
+    if not (out / CONFIG_FILE).is_file():
+        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
+    for flag in ("episodes", "max_steps"):
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}.")
+    config = load_config(SkillsConfig, out / CONFIG_FILE, [])
+    catalog = check_config(config)
+    if not state.by_status("completed"):
+        raise ConfigError(f"no skill of {out} has completed yet: there is no composed agent to evaluate.")
+    report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,
+                          target=args.target, max_steps=args.max_steps, seed=args.seed,
+                          gif_steps=config.eval_gif_steps)
+    print(status_table(state, report))
+    print(f"report: {out / 'eval'}")
     return 0
 
 
@@ -180,6 +224,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     status = sub.add_parser("status", help="print the skills table of a run directory")
     status.add_argument("output_dir")
+    ev = sub.add_parser("eval", help="play the composed agent of a run's completed skills from fresh worlds")
+    ev.add_argument("output_dir")
+    ev.add_argument("--episodes", type=int, default=None, help="fresh-world episodes per mode (default: "
+                    "the config's eval_episodes)")
+    ev.add_argument("--target", default=None, help="route towards this completed skill (default: the run's "
+                    "target; for 'all' the deepest completed skill)")
+    ev.add_argument("--max-steps", type=int, default=None, help="episode length (default: the env's own)")
+    ev.add_argument("--seed", type=int, default=None, help="default: the run's seed")
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")
@@ -200,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("jaxrl_hier").setLevel(logging.INFO)
     try:
-        return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status}[args.command](args)
+        return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "eval": cmd_eval}[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -41,10 +41,29 @@ class SkillsConfig:
     # not in a fresh world (see skills.env): a deep skill's own expert then gets most of the steps,
     # not its frozen dependencies. 0: always a fresh world.
     restart_prob: float = 0.0
+    # With restarts: once a skill with dependencies passes `success_rate_threshold` (most of its
+    # episodes restarted from anchors), its restarts stop and it trains on from fresh worlds only,
+    # completing when its rate on the fresh-world episodes its own expert reached passes this
+    # threshold (the states its frozen chain really hands it; skills.scheduler). 0: no such phase.
+    fresh_success_rate_threshold: float = 0.0
+    # Env steps of the fresh-world phase before its rate counts. A failed episode lasts the base env's
+    # time limit and a success ends sooner; the failures that end in a round began a time limit
+    # earlier, and those begun from anchors before the phase are not counted. So until every env has
+    # run about two time limits into the phase, the ended episodes are mostly the quick successes
+    # (TechTree: 1.00 one round into the phase for a skill whose steady rate was 0.77-0.82).
+    # About num_envs x 2 x the time limit.
+    fresh_min_timesteps: int = 0
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
     max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
     seed: int = 0
     stale_lock_s: float = 900.0  # a lock from another host whose heartbeat is older than this is stale
+    # No progress (a skill start or a finished round) for this long: the run is stuck, its lock is
+    # marked so and `resume` may take it over even while the process lives (skills.state). 0: off.
+    stuck_after_s: float = 3600.0
+    # The composed agent (skills.composed) at the end of the run: the completed skills' experts routed
+    # towards the target, played greedy and sampled from this many fresh worlds (0: not evaluated).
+    eval_episodes: int = 64
+    eval_gif_steps: int = 300  # steps of the evaluation episode drawn to eval/episode.gif
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
 
     def validate(self) -> None:
@@ -63,10 +82,24 @@ class SkillsConfig:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
         if not 0.0 <= self.restart_prob < 1.0:
             raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: no restarts), got {self.restart_prob}.")
+        if self.eval_episodes < 0 or self.eval_gif_steps < 0:
+            raise ConfigError(f"'eval_episodes' and 'eval_gif_steps' must be >= 0 (0: none), got "
+                              f"{self.eval_episodes} and {self.eval_gif_steps}.")
+        if not 0.0 <= self.fresh_success_rate_threshold <= 1.0:
+            raise ConfigError(f"'fresh_success_rate_threshold' must lie in [0, 1] (0: no fresh-world phase), got "
+                              f"{self.fresh_success_rate_threshold}.")
+        if self.fresh_min_timesteps < 0:
+            raise ConfigError(f"'fresh_min_timesteps' must be >= 0, got {self.fresh_min_timesteps}.")
+        if self.fresh_success_rate_threshold > 0 and self.restart_prob == 0:
+            raise ConfigError("'fresh_success_rate_threshold' ends a skill's restarts, but 'restart_prob' is 0 (no "
+                              "restarts): every episode is already a fresh-world one. Set restart_prob > 0 or the "
+                              "threshold to 0.")
         if self.max_rounds < 0:
             raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
         if self.stale_lock_s <= 0:
             raise ConfigError(f"'stale_lock_s' must be positive, got {self.stale_lock_s}.")
+        if self.stuck_after_s < 0:
+            raise ConfigError(f"'stuck_after_s' must be >= 0 (0: never judged stuck), got {self.stuck_after_s}.")
         if self.max_retries < 0:
             raise ConfigError(f"'max_retries' must be >= 0, got {self.max_retries}.")
         if not 0.0 < self.success_rate_threshold <= 1.0:

@@ -58,6 +58,9 @@ class SkillParams:
     success: Conditions  # [C]
     plan: Conditions  # [E, C]: the success conditions of each dependency, in plan order
     plan_len: jax.Array  # int32: number of dependencies (the trainable expert's position)
+    # float32: this skill's restart probability (data, so the scheduler can end a skill's restarts,
+    # for the fresh-world phase, without a recompile); only read when the env keeps anchors
+    restart_prob: jax.Array = 0.0
 
 
 @struct.dataclass
@@ -86,6 +89,14 @@ def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
     results = jnp.stack([x >= v, x <= v, x == v, x > v, x < v, x != v], axis=-1)  # order of spec.OPS
     row = jnp.take_along_axis(results, cond.op[..., None], axis=-1)[..., 0]
     return jnp.all(row | ~cond.valid, axis=-1)
+
+
+def route(q: jax.Array, plan: Conditions, plan_len: jax.Array) -> jax.Array:
+    """int32: the position of the first of the first `plan_len` skills of `plan` ([E, C] rows)
+    whose conditions do not hold for `q`, or `plan_len` when they all hold: the dependency-gated
+    routing of Flow-RL's mixture of experts (training here, the composed agent in skills.composed)."""
+    unmet = ~conditions_hold(q, plan) & (jnp.arange(plan.index.shape[0]) < plan_len)
+    return jnp.where(unmet.any(), jnp.argmax(unmet), plan_len).astype(jnp.int32)
 
 
 class SkillEnv(Environment):
@@ -134,7 +145,7 @@ class SkillEnv(Environment):
                              "raise max_experts in the config.")
         success = jax.tree.map(lambda x: x[0], self.conditions([library[name]]))
         deps = self.conditions([library[d] for d in plan], rows=self.max_experts)
-        return SkillParams(success, deps, np.int32(len(plan)))
+        return SkillParams(success, deps, np.int32(len(plan)), np.float32(self.restart_prob))
 
     def params_for(self, base_params: Any, library: SkillLibrary, name: str) -> SkillEnvParams:
         return SkillEnvParams(base_params, self.skill_params(library, name))
@@ -148,7 +159,7 @@ class SkillEnv(Environment):
         none = jax.tree.map(lambda x: x[0].copy(), self.conditions([None]))
         none.op[0], none.value[0], none.valid[0] = OPS.index("<"), -np.inf, True
         plan = self.conditions([], rows=self.max_experts)
-        return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0)))
+        return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0), np.float32(0.0)))
 
     @staticmethod
     def is_idle(success: Conditions) -> np.ndarray:
@@ -157,14 +168,16 @@ class SkillEnv(Environment):
         return valid & (op == OPS.index("<")) & (value == -np.inf)
 
     # ------------------------------------------------------------------ env protocol
+    def quantities(self, base_state: Any) -> jax.Array:
+        """float32[Q]: the named quantities (`quantity_names`) of one base env state."""
+        return quantity_vector(self._fns, base_state)
+
     def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array, jax.Array]:
         """(observation, success, own): `own` is True when every dependency holds (S's expert acts)."""
-        q = quantity_vector(self._fns, state)
-        met = conditions_hold(q, params.skill.plan)  # [E]
-        unmet = ~met & (jnp.arange(self.max_experts) < params.skill.plan_len)
-        expert = jnp.where(unmet.any(), jnp.argmax(unmet), params.skill.plan_len).astype(jnp.int32)
+        q = self.quantities(state)
+        expert = route(q, params.skill.plan, params.skill.plan_len)
         success = conditions_hold(q, params.skill.success)
-        return {"obs": base_obs, "expert": expert}, success, success | ~unmet.any()
+        return {"obs": base_obs, "expert": expert}, success, success | (expert == params.skill.plan_len)
 
     def reset(self, key: jax.Array, params: SkillEnvParams):
         base_obs, state = self.base.reset(key, params.base)
@@ -189,7 +202,7 @@ class SkillEnv(Environment):
     def _restart(self, key: jax.Array, final: SkillEnvState, params: SkillEnvParams):
         """(obs, state, valid, want): the next episode from `final`'s anchor (valid if it has one),
         wanted with probability `restart_prob` (see the module docstring)."""
-        want = (jax.random.uniform(key) < self.restart_prob) & (params.skill.plan_len > 0)
+        want = (jax.random.uniform(key) < params.skill.restart_prob) & (params.skill.plan_len > 0)
         obs, success, own = self._observe(final.anchor_obs, final.anchor, params)
         state = SkillEnvState(final.anchor, success, own, jnp.bool_(True), final.anchor, final.anchor_obs,
                               final.has_anchor)

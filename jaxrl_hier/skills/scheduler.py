@@ -53,6 +53,7 @@ class Trainer(Protocol):
     def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None: ...
     def train_round(self, active: list[int] | None = None) -> list: ...
     def expert(self, slot: int) -> Any: ...
+    def set_restart_prob(self, slot: int, prob: float) -> None: ...  # kept in the slot's checkpoint
     # Through jaxrl_hier's Checkpointer under `directory` (resume prunes it with one), raising when
     # a step is not saved.
     def save_checkpoint(self, directory: Path, step: int, meta: dict) -> None: ...
@@ -73,7 +74,7 @@ class Scheduler:
         self.progress = progress
         self.clock = clock
         self.primary = is_primary()  # process 0: the only one that writes files and holds the lock
-        self.lock = RunLock(self.dir, config.stale_lock_s)
+        self.lock = RunLock(self.dir, config.stale_lock_s, stuck_after_s=config.stuck_after_s)
         self.experts: dict[str, Any] = {}
         self._writers: dict[str, MetricsWriter] = {}
         self.state: SchedulerState | None = None
@@ -93,15 +94,7 @@ class Scheduler:
 
     def library(self) -> SkillLibrary:
         """Every proposed skill, as Skill objects (Python predicates taken from the catalog)."""
-        return SkillLibrary(tuple(self._skill(r) for r in self.state.skills))
-
-    def _skill(self, r: SkillRecord) -> Skill:
-        if r.name in self.catalog and self.catalog[r.name].to_dict() == r.spec:
-            return self.catalog[r.name]
-        if "predicate" in r.spec:
-            raise StateError(f"skill '{r.name}' uses the Python predicate {r.spec['predicate']}, which the library "
-                             "passed to this run does not define; pass the same library as the run that proposed it.")
-        return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
+        return run_library(self.state, self.catalog)
 
     # ------------------------------------------------------------------ entry points
     def run(self, resume: bool = False, on_lock: Callable[[], None] | None = None) -> SchedulerState:
@@ -161,6 +154,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
+        last_round_s = None  # the previous round's wall time: a far slower one is logged (issue 30)
         while True:
             self._generate()
             self._fail_blocked()
@@ -173,10 +167,19 @@ class Scheduler:
                 log.info("stopped at max_rounds=%d; resume with a larger max_rounds to go on", self.config.max_rounds)
                 return
             t0 = self.clock()
+            self.lock.doing(f"training round {self.state.round + 1} ({', '.join(r.name for r in running)})")
             # only the slots of running skills train: a finished skill's slot costs nothing until reused
             results = self.trainer.train_round(sorted(r.slot for r in running))
             elapsed = self.clock() - t0
             self.state.round += 1
+            if last_round_s is not None and elapsed > max(5 * last_round_s, 60.0):
+                log.warning("round %d took %.0f s, %.1fx the previous round's %.1f s: a compiled call far slower "
+                            "than its last timing (a new shape compiling, a loaded machine, or a stall)",
+                            self.state.round, elapsed, elapsed / max(last_round_s, 1e-9), last_round_s)
+            last_round_s = elapsed
+            if self.primary:  # real progress for the lock's liveness; raises, before any write, if taken over
+                self.lock.progress(self.state.round, f"trained round {self.state.round}",
+                                   f"saving round {self.state.round}, then proposing and starting skills")
             for r in running:
                 self._account(r, results[r.slot], elapsed)
             if self.state.by_status("running"):
@@ -198,6 +201,10 @@ class Scheduler:
         r.total_steps += res.steps
         r.rounds += 1
         r.wall_s += elapsed
+        if r.phase == "fresh":  # judged on the episodes that began in a fresh world only, once the
+            # phase has run long enough that failed episodes (they last the time limit) have ended too
+            counted = r.steps - r.phase_steps > c.fresh_min_timesteps
+            res = res._replace(success_rate=res.fresh_success_rate, episodes=res.fresh_episodes if counted else 0)
         r.window = _window(r.window, res, c.min_episodes)
         successes, episodes = (sum(w[i] for w in r.window) for i in (0, 1))
         r.episodes = int(episodes)
@@ -210,15 +217,18 @@ class Scheduler:
                                "episode_length": res.episode_length, "wall_s": r.wall_s,
                                "greedy_success_rate": getattr(res, "greedy_success_rate", None),
                                "chain_success_rate": getattr(res, "chain_success_rate", None),
-                               "fresh_success_rate": getattr(res, "fresh_success_rate", None)})
-        passed = (r.success_rate is not None and r.episodes >= c.min_episodes
-                  and r.success_rate >= c.success_rate_threshold)
-        if passed and r.steps >= c.min_skill_timesteps:
+                               "fresh_success_rate": getattr(res, "fresh_success_rate", None),
+                               "phase": r.phase or "train"})
+        threshold = c.fresh_success_rate_threshold if r.phase == "fresh" else c.success_rate_threshold
+        passed = (r.success_rate is not None and r.episodes >= c.min_episodes and r.success_rate >= threshold)
+        if passed and r.steps >= c.min_skill_timesteps and self._wants_fresh_phase(r):
+            self._begin_fresh_phase(r)
+        elif passed and r.steps >= c.min_skill_timesteps:
             self._complete(r)
         elif r.steps >= self._budget(r):
             rate = "n/a" if r.success_rate is None else f"{r.success_rate:.2f}"
-            reason = (f"attempt {r.attempts}: success rate {rate} "
-                      f"< {c.success_rate_threshold} after {r.steps:,} steps")
+            reason = (f"attempt {r.attempts}: success rate {rate}{' from fresh worlds' if r.phase else ''} "
+                      f"< {threshold} after {r.steps:,} steps")
             if r.attempts <= c.max_retries:
                 log.warning("skill '%s' %s; retrying from scratch", r.name, reason)
                 r.status, r.slot = "pending", None
@@ -226,6 +236,21 @@ class Scheduler:
                 log.warning("skill '%s' failed: %s", r.name, reason)
                 r.status, r.slot, r.reason = "failed", None, reason
                 self._close_writer(r)
+
+    def _wants_fresh_phase(self, r: SkillRecord) -> bool:
+        """A skill with dependencies that passed on mostly restarted episodes trains on from fresh
+        worlds (config `fresh_success_rate_threshold`): restarts from anchors shared among the envs
+        let it pass on a few states, while the composed agent meets it on the states its frozen
+        chain hands it."""
+        return (self.config.fresh_success_rate_threshold > 0 and r.phase != "fresh"
+                and bool(r.spec.get("requires")) and self.config.restart_prob > 0)
+
+    def _begin_fresh_phase(self, r: SkillRecord) -> None:
+        self.trainer.set_restart_prob(r.slot, 0.0)
+        r.phase, r.phase_steps, r.window, r.success_rate, r.episodes = "fresh", r.steps, [], None, 0
+        log.info("skill '%s' passed %.2f with restarts after %d steps; restarts off, it now trains from fresh "
+                 "worlds until %.2f", r.name, self.config.success_rate_threshold, r.steps,
+                 self.config.fresh_success_rate_threshold)
 
     def _budget(self, r: SkillRecord) -> int:
         """Env steps per attempt: the proposal's `max_timesteps` when it asked for fewer than
@@ -265,11 +290,16 @@ class Scheduler:
             if all(d in done for d in r.spec.get("requires", [])):
                 r.slot, r.status = free.pop(0), "running"
                 r.attempts += 1
-                r.steps, r.success_rate, r.started_round, r.window = 0, None, self.state.round, []
+                r.steps, r.success_rate, r.started_round, r.window, r.phase = 0, None, self.state.round, [], ""
+                r.phase_steps = 0
                 starting[r.slot] = r.name
         if starting:
             seed = jax.random.fold_in(jax.random.key(self.config.seed), self.state.round + 1)
+            names = ", ".join(starting.values())
+            self.lock.doing(f"starting {names} (round {self.state.round})")
             self.trainer.start(starting, self.library(), self.experts, seed)
+            if self.primary:
+                self.lock.progress(self.state.round, f"started {names}", f"training round {self.state.round + 1}")
             self._save()
             log.info("started %s", ", ".join(f"{n} (slot {s})" for s, n in starting.items()))
 
@@ -344,6 +374,20 @@ class Scheduler:
         w = self._writers.pop(r.name, None)
         if w is not None:
             w.close()
+
+
+def run_library(state: SchedulerState, catalog: SkillLibrary) -> SkillLibrary:
+    """Every skill proposed in a run, as Skill objects (Python predicates taken from `catalog`)."""
+    return SkillLibrary(tuple(_skill(r, catalog) for r in state.skills))
+
+
+def _skill(r: SkillRecord, catalog: SkillLibrary) -> Skill:
+    if r.name in catalog and catalog[r.name].to_dict() == r.spec:
+        return catalog[r.name]
+    if "predicate" in r.spec:
+        raise StateError(f"skill '{r.name}' uses the Python predicate {r.spec['predicate']}, which the library "
+                         "passed to this run does not define; pass the same library as the run that proposed it.")
+    return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
 
 
 def read_spec(directory: Path) -> dict:

@@ -13,6 +13,15 @@ heartbeat is older than `stale_after_s` (another host) is stale and taken over, 
 Reading a lock, judging it and replacing it happen under an exclusive `flock` on
 `scheduler.lock.mutex`, so of two resumers that find the same stale lock exactly one wins; the
 kernel drops a flock when its holder dies, so the mutex itself can never go stale.
+
+The heartbeat says the process is alive, not that it is working (issue 30: a run hung inside an
+XLA op for minutes while its heartbeat beat on). So the lock also holds `progress`, the time (and
+round) of the scheduler's last real step, advanced only by `RunLock.progress` after each skill
+start and each round. When it is older than `stuck_after_s` (0: off), the heartbeat thread logs an
+error naming what the run was doing, stops refreshing the heartbeat and marks the lock `stuck`; a
+lock marked stuck, or whose progress is older than the bound (a process so hung that even its
+heartbeat thread stopped), is stale to `resume` even while its pid lives, and is taken over. The
+stuck process never writes after that: `progress` and `check` raise once the lock is not its own.
 """
 
 from __future__ import annotations
@@ -98,6 +107,9 @@ class SkillRecord:
     # [successes, reached episodes] of the current attempt's latest rounds: the shortest run of
     # rounds, newest last, that holds at least `min_episodes` episodes (success_rate is over it)
     window: list = field(default_factory=list)
+    # "" (training, restarts as configured) or "fresh": restarts off, judged on fresh-world episodes
+    phase: str = ""
+    phase_steps: int = 0  # env steps of the current attempt when its phase began
 
     @property
     def dirname(self) -> str:
@@ -182,14 +194,22 @@ class RunLock:
     """An exclusive lock on a run directory, with stale-lock takeover and a heartbeat thread (see
     the module docstring). `lost` holds the new owner when another run took the lock over."""
 
-    def __init__(self, directory: Path, stale_after_s: float = 900.0, heartbeat_s: float | None = None):
+    def __init__(self, directory: Path, stale_after_s: float = 900.0, heartbeat_s: float | None = None,
+                 stuck_after_s: float = 0.0):
         self.path = Path(directory) / LOCK_FILE
         self.mutex_path = Path(directory) / MUTEX_FILE
         self.stale_after_s = stale_after_s
-        # Several beats per staleness period, so one slow write never makes a live run look dead.
-        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else min(60.0, stale_after_s / 4)
+        self.stuck_after_s = stuck_after_s  # no progress for this long: stuck (0: never judged stuck)
+        # Several beats per staleness (and stuck) period, so one slow write never makes a live run
+        # look dead, and a stuck one is marked within a quarter period of the bound.
+        bounds = [stale_after_s] + ([stuck_after_s] if stuck_after_s > 0 else [])
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else min(60.0, min(bounds) / 4)
         self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
         self.lost: dict | None = None
+        self.stuck = False  # this run marked its own lock stuck (no progress for stuck_after_s)
+        self._stuck_at = 0.0
+        self._beat_at = time.time()
+        self._progress = {"progress": time.time(), "round": None, "done": "acquired the lock", "doing": "starting"}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -219,14 +239,30 @@ class RunLock:
         if not held or "pid" not in held:
             return True
         try:
+            if held.get("stuck") or self._no_progress_for(held) is not None:
+                return True  # alive perhaps, but hung: see the module docstring
             if held.get("host") == self.owner["host"]:
                 return not _pid_alive(int(held["pid"]))
             return time.time() - float(held.get("heartbeat", 0)) > self.stale_after_s
         except (TypeError, ValueError):
             return True  # not a lock this code wrote
 
+    def _no_progress_for(self, held: dict) -> float | None:
+        """Seconds since the holder's last progress when past the bound (the `stuck_after_s` the holder
+        wrote, which knows its rounds; this run's when it wrote none), else None. Locks without progress
+        (older versions): None."""
+        bound = float(held["stuck_after_s"] if "stuck_after_s" in held else self.stuck_after_s)
+        if bound <= 0 or "progress" not in held:
+            return None
+        age = time.time() - float(held["progress"])
+        return age if age > bound else None
+
     def _write(self) -> None:
-        atomic_write_json(self.path, {**self.owner, "heartbeat": time.time()})
+        if not self.stuck:  # a stuck run's heartbeat no longer moves
+            self._beat_at = time.time()
+        atomic_write_json(self.path, {**self.owner, "heartbeat": self._beat_at, **self._progress,
+                                      "stuck_after_s": self.stuck_after_s, "stuck": self.stuck,
+                                      **({"stuck_at": self._stuck_at} if self.stuck else {})})
 
     def acquire(self) -> None:
         with self._mutex():
@@ -235,10 +271,19 @@ class RunLock:
                 raise StateError(f"{self.path.parent} is in use by pid {held.get('pid')} on {held.get('host')} "
                                  f"(lock {self.path}). Wait for that run to end or stop it; a lock whose "
                                  "owner has died is taken over automatically.")
-            if held is not None:
+            if held is not None and (held.get("stuck") or self._no_progress_for(held) is not None):
+                log.warning("taking over the lock %s of a stuck run: pid %s on %s made no progress since %s (round "
+                            "%s, last: %s; it was %s). That process may still be alive: it writes nothing more, "
+                            "stop it (kill %s).", self.path, held.get("pid"), held.get("host"),
+                            time.strftime("%H:%M:%S", time.localtime(float(held.get("progress", 0)))),
+                            held.get("round"), held.get("done"), held.get("doing"), held.get("pid"))
+            elif held is not None:
                 log.warning("taking over the stale lock %s (pid %s on %s is gone, or its heartbeat is older than "
                             "%g s)", self.path, held.get("pid"), held.get("host"), self.stale_after_s)
             crash_point("lock.judged")  # the lock was judged free or stale; now it is replaced
+            self.stuck = False
+            self._progress = {"progress": time.time(), "round": None, "done": "acquired the lock",
+                              "doing": "starting"}
             self._write()
         self.lost = None
         self._stop.clear()
@@ -248,11 +293,44 @@ class RunLock:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
+                self._judge_stuck()
                 self.heartbeat()
             except OSError as err:  # a full or flaky disk: the next beat tries again
                 log.warning("could not refresh the lock %s: %s", self.path, err)
             if self.lost is not None:
                 return
+
+    def _judge_stuck(self) -> None:
+        """In the heartbeat thread: no progress for `stuck_after_s` marks this run stuck (once)."""
+        idle = time.time() - self._progress["progress"]
+        if self.stuck or self.stuck_after_s <= 0 or idle <= self.stuck_after_s:
+            return
+        self.stuck, self._stuck_at = True, time.time()
+        log.error("run %s is stuck: no progress for %.0f s (stuck_after_s=%g) while %s (round %s; last progress: "
+                  "%s). The lock is marked stuck and its heartbeat stopped: `python -m jaxrl_hier.skills resume "
+                  "%s` from another process takes the run over, and this one (pid %s) writes nothing more.",
+                  self.path.parent, idle, self.stuck_after_s, self._progress["doing"], self._progress["round"],
+                  self._progress["done"], self.path.parent, self.owner["pid"])
+
+    def progress(self, round: int | None, done: str, doing: str) -> None:
+        """The scheduler made real progress (`done`; next it is `doing`): the only call that moves the
+        lock's `progress`. Raises, before the caller writes anything, if the lock was taken over."""
+        self.check()
+        self._progress = {"progress": time.time(), "round": round, "done": done, "doing": doing}
+        if self.stuck:  # late, but not taken over: the run goes on, and says so
+            log.warning("run %s made progress again (%s) after being marked stuck; the lock is its own still, "
+                        "so it goes on", self.path.parent, done)
+            self.stuck = False
+        with self._mutex():
+            held = self._read()
+            if self._mine(held):
+                self._write()
+        self.check()
+
+    def doing(self, what: str) -> None:
+        """Name what the run does until its next progress (in the stuck error and the lock file);
+        moves nothing: a label is not progress."""
+        self._progress = {**self._progress, "doing": what}
 
     def heartbeat(self) -> None:
         """Refresh the heartbeat, unless another run took the lock over (then set `lost`)."""
@@ -272,7 +350,8 @@ class RunLock:
             self.lost = held or {}
         if self.lost is not None:
             raise StateError(f"the lock {self.path} was taken over by pid {self.lost.get('pid')} on "
-                             f"{self.lost.get('host')} (this run's heartbeat was older than {self.stale_after_s:g} s); "
+                             f"{self.lost.get('host')} (this run's heartbeat was older than {self.stale_after_s:g} s, "
+                             f"or it made no progress for stuck_after_s={self.stuck_after_s:g} s and was marked stuck); "
                              "this run stopped without writing more. Let the other run finish.")
 
     def stop_heartbeat(self) -> None:

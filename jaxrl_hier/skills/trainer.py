@@ -32,7 +32,7 @@ import numpy as np
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.env import SkillEnv
-from jaxrl_hier.skills.moe import MoEPolicy, stack_experts
+from jaxrl_hier.skills.moe import MoEPolicy
 from jaxrl_hier.skills.quantities import env_quantities
 from jaxrl_hier.skills.spec import SkillLibrary
 
@@ -51,6 +51,7 @@ class RoundResult(NamedTuple):
     chain_success_rate: float | None = None  # successes / fresh-world episodes: the whole chain, dependencies
     # included (episodes restarted from an anchor, see `SkillEnv`, are left out)
     fresh_success_rate: float | None = None  # successes / fresh-world episodes that reached the skill's expert
+    fresh_episodes: int = 0  # fresh-world episodes that reached the skill's expert
 
 
 IDLE = RoundResult(None, 0, 0, None, None)
@@ -91,7 +92,17 @@ class SkillTrainer:
         self._select = jax.jit(_select, static_argnums=2)
         self._merge = jax.jit(_merge)
         self._swap = jax.jit(_swap_in)
-        self._init_slots = jax.jit(jax.vmap(self.ppo._init_one))  # one slot per seed, compiled once
+        # Every slot's fresh state in one program, compiled once: stacking the slots' env params and
+        # frozen-expert banks, splitting the key and the PPO init (issue 30: a skill start was dozens
+        # of tiny eager ops, one of which hung with XLA:CPU in jaxlib 0.10.2; see `_fresh`).
+        self._init_slots = jax.jit(self._init_stacked)
+        # Shapes only (traced, never run): the zero rows of a bank are host arrays, no dispatch.
+        self._zero_expert = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(
+            lambda: self.policy.init_expert(jax.random.key(0), self._obs_dim)))
+        # The restore target of a saved expert (shapes, dtypes, device): one compiled program, not the
+        # eager orthogonal init it used to run per loaded expert.
+        self._expert_like = jax.jit(lambda: jax.tree.map(
+            jnp.zeros_like, self.policy.init_expert(jax.random.key(0), self._obs_dim)))
 
     @property
     def quantity_names(self) -> tuple[str, ...]:
@@ -100,26 +111,32 @@ class SkillTrainer:
     # ------------------------------------------------------------------ slot state
     def _slot_inputs(self, library: SkillLibrary | None, name: str | None, experts: dict[str, Any]):
         """Env params and extra variables of one slot (`name` None: an idle slot)."""
-        zeros = self.policy.init_expert(jax.random.key(0), self._obs_dim)["actor"]
         if name is None:
             params = self.env.default_params
             plan: tuple[str, ...] = ()
         else:
             params = self.env.params_for(self.base_params, library, name)
             plan = library.closure(name)
+        # Host arrays only (numpy): no JAX op runs here; `_init_stacked` stacks the slots on device.
         rows = [experts[d]["actor"] for d in plan]
-        rows += [jax.tree.map(jnp.zeros_like, zeros)] * (self.config.max_experts - len(plan))
-        extra = {"experts": {"actor": stack_experts(rows), "plan_len": jnp.int32(len(plan))}}
+        rows += [self._zero_expert["actor"]] * (self.config.max_experts - len(plan))
+        bank = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *rows)
+        extra = {"experts": {"actor": bank, "plan_len": np.int32(len(plan))}}
         return params, extra
 
-    def _fresh(self, inputs: list[tuple[Any, Any]], key: jax.Array):
-        env_params = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *[p for p, _ in inputs])
-        extra = jax.tree.map(lambda *xs: jnp.stack(xs), *[e for _, e in inputs])
+    def _init_stacked(self, key: jax.Array, env_params: list, extras: list):
+        """Jitted (`_init_slots`): the per-slot inputs stacked on a slot axis, then one fresh runner
+        state per slot. The same ops as the eager stacking it replaces, so the same numbers."""
+        env_params = jax.tree.map(lambda *xs: jnp.stack([jnp.asarray(x) for x in xs]), *env_params)
+        extra = jax.tree.map(lambda *xs: jnp.stack(xs), *extras)
         keys = jax.random.split(key, self.slots)
+        return jax.vmap(self.ppo._init_one)(keys, extra, env_params)
+
+    def _fresh(self, inputs: list[tuple[Any, Any]], key: jax.Array):
         # Built on one device, then laid out: with XLA:CPU (jaxlib 0.10) and 4 simulated devices, this
         # init compiled with sharded outputs (skill env + MoE policy) hung on its first run; the cause is
         # not pinned down. It runs once per started skill, small next to a round of training.
-        fresh = self._init_slots(keys, extra, env_params)
+        fresh = self._init_slots(key, [p for p, _ in inputs], [e for _, e in inputs])
         return jax.device_put(fresh, self.ppo.shardings(fresh))
 
     def init(self, key: jax.Array) -> None:
@@ -133,8 +150,21 @@ class SkillTrainer:
         inputs = [self._slot_inputs(library, slots.get(i), experts) if i in slots else self._slot_inputs(None, None, {})
                   for i in range(self.slots)]
         fresh = self._fresh(inputs, key)
-        take = jnp.array([i in slots for i in range(self.slots)])
+        take = np.array([i in slots for i in range(self.slots)])
         self.runner = jax.device_put(self._swap(self.runner, fresh, take), self.ppo.shardings(self.runner))
+
+    def set_restart_prob(self, slot: int, prob: float) -> None:
+        """Set one slot's restart probability (env params are data: nothing recompiles). The
+        scheduler sets 0 for a skill's fresh-world phase; checkpoints keep it."""
+        skill = self.runner.env_params.skill
+        probs = np.array(skill.restart_prob)  # a host copy: no eager device op (see `_init_slots`)
+        probs[slot] = prob
+        skill = skill.replace(restart_prob=probs)
+        runner = self.runner.replace(env_params=self.runner.env_params.replace(skill=skill))
+        self.runner = jax.device_put(runner, self.ppo.shardings(self.runner))
+
+    def restart_prob(self, slot: int) -> float:
+        return float(np.asarray(self.runner.env_params.skill.restart_prob)[slot])
 
     def active_slots(self) -> list[int]:
         """Slots that hold a skill (read from the runner, so it holds after a restore too)."""
@@ -177,7 +207,7 @@ class SkillTrainer:
                                     mean(host["episode_return"][:, j]), mean(host["episode_length"][:, j]),
                                     float(greedy_success[j]) / reached_greedy if reached_greedy else None,
                                     reached_greedy, chain / fresh if fresh > 0.5 else None,
-                                    chain / fresh_reached if fresh_reached > 0.5 else None)
+                                    chain / fresh_reached if fresh_reached > 0.5 else None, int(round(fresh_reached)))
         return out
 
     def _greedy_eval(self, params: Any, extra: Any, env_params: Any, key: jax.Array, horizon: int):
@@ -232,8 +262,7 @@ class SkillTrainer:
         save_expert(directory, expert, meta)
 
     def load_expert(self, directory: Path) -> Any:
-        like = self.policy.init_expert(jax.random.key(0), self._obs_dim)
-        return load_expert(directory, like)
+        return load_expert(directory, self._expert_like())
 
 
 def bank_rows(plan_len: int, max_experts: int) -> int:

@@ -5,12 +5,16 @@ fails here the way it fails in a real run.
 
 Also a small command line, so that tests can run a scheduler in a child process and kill it:
     python tests/skills/fake_skills_trainer.py OUTPUT_DIR [--resume] [key=value ...]
+With BLOCK_ENV=N its N-th round blocks (the main thread parked, as in a hung XLA call) until the
+file named by RELEASE_ENV exists, forever when that is unset (tests/skills/test_stuck_run.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -27,6 +31,8 @@ from jaxrl_hier.skills.scheduler import Scheduler
 from jaxrl_hier.skills.trainer import RoundResult, quantities_for
 
 CHILD_LEARN_ROUNDS = 3  # the command line's trainer: skills run over several checkpoints
+BLOCK_ENV = "FAKE_SKILLS_BLOCK_ROUND"
+RELEASE_ENV = "FAKE_SKILLS_RELEASE_FILE"
 QUANTITIES = tuple(quantities_for(make("TechTree-v0")[0], techtree_library()))
 
 
@@ -37,8 +43,14 @@ class Crash(Exception):
 class FakeTrainer:
     """Success rate per round from a script; checkpoints through the real Checkpointer."""
 
-    def __init__(self, slots=2, never=(), fail_first=(), crash_at=None, rates=None, learn_rounds=2, round_hook=None):
+    def __init__(self, slots=2, never=(), fail_first=(), crash_at=None, rates=None, learn_rounds=2, round_hook=None,
+                 fresh_rates=None):
         self.slots, self.quantity_names = slots, QUANTITIES
+        # name -> success rates, round by round, of its fresh-world phase (restart probability 0)
+        self.fresh_rates = fresh_rates or {}
+        self.restart_probs: list[float] = [1.0] * slots  # 1.0: restarts as configured
+        self.fresh_progress = [0] * slots  # rounds trained in the fresh-world phase
+        self.restart_calls: list[tuple[str, float]] = []
         self.learn_rounds = learn_rounds  # a skill passes from its learn_rounds-th round on
         self.round_hook = round_hook  # called with the round number before each round (tests act there)
         self.never, self.fail_first, self.crash_at = set(never), set(fail_first), crash_at
@@ -57,8 +69,12 @@ class FakeTrainer:
         for i, name in slots.items():
             missing = [d for d in library.closure(name) if d not in experts]
             assert not missing, f"{name} started without the experts of {missing}"
-            self.slot_skill[i], self.progress[i] = name, 0
+            self.slot_skill[i], self.progress[i], self.restart_probs[i] = name, 0, 1.0
             self.starts.append(name)
+
+    def set_restart_prob(self, slot, prob):
+        self.restart_probs[slot], self.fresh_progress[slot] = prob, 0
+        self.restart_calls.append((self.slot_skill[slot], prob))
 
     def _rate(self, name, progress):
         if name in self.rates:
@@ -77,7 +93,13 @@ class FakeTrainer:
         out = []
         for i, name in enumerate(self.slot_skill):
             self.progress[i] += 1
-            out.append(RoundResult(self._rate(name, self.progress[i]) if name else None, 100, 1000, 1.0, 5.0))
+            result = RoundResult(self._rate(name, self.progress[i]) if name else None, 100, 1000, 1.0, 5.0)
+            if name and self.restart_probs[i] == 0.0:  # the fresh-world phase: its own script
+                script = self.fresh_rates.get(name, [0.95])
+                rate = script[min(self.fresh_progress[i], len(script) - 1)]
+                self.fresh_progress[i] += 1
+                result = result._replace(fresh_success_rate=rate, fresh_episodes=50)
+            out.append(result)
         return out
 
     def expert(self, slot):
@@ -139,8 +161,22 @@ def run(tmp_path, trainer, generator=None, resume=False, **kw):
     return sched.run(resume=resume)
 
 
+def block_at(round_to_block: int, release: str | None):
+    """A round hook that blocks round `round_to_block` until `release` exists (forever if None)."""
+
+    def hook(n):
+        if n == round_to_block:
+            print(f"blocking round {n}", file=sys.stderr, flush=True)
+            while release is None or not Path(release).exists():
+                time.sleep(0.05)
+
+    return hook
+
+
 if __name__ == "__main__":
     out, *rest = sys.argv[1:]
     overrides = parse_overrides([a for a in rest if a != "--resume"])
-    state = run(Path(out), FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS), resume="--resume" in rest, **overrides)
+    hook = block_at(int(os.environ[BLOCK_ENV]), os.environ.get(RELEASE_ENV)) if os.environ.get(BLOCK_ENV) else None
+    state = run(Path(out), FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS, round_hook=hook), resume="--resume" in rest,
+                **overrides)
     print(json.dumps({r.name: r.status for r in state.skills}))

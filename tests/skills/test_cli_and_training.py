@@ -80,6 +80,8 @@ def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides,
 def test_resume_and_status_refuse_what_is_not_a_run(tmp_path, capsys):
     assert main(["resume", str(tmp_path)]) == 2
     assert "not a skills run directory" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "not a skills run directory" in capsys.readouterr().err
     (tmp_path / STATE_FILE).write_text("{")
     assert main(["status", str(tmp_path)]) == 2
     assert "corrupt" in capsys.readouterr().err and (tmp_path / STATE_FILE).read_text() == "{"
@@ -106,8 +108,9 @@ def test_resume_refuses_unsafe_overrides_untouched_and_records_safe_ones(tmp_pat
 
     monkeypatch.setattr("jaxrl_hier.skills.trainer.SkillTrainer", fake_trainer)
     out = tmp_path / "run"
+    # eval_episodes=0: the fake trainer's experts are not networks, so no composed agent at the end
     assert main(["run", "--config", str(write_config(tmp_path)), "--output-dir", str(out), "max_rounds=4",
-                 "min_skill_timesteps=0", "--no-progress"]) == 1  # stopped by max_rounds, target not reached
+                 "min_skill_timesteps=0", "eval_episodes=0", "--no-progress"]) == 1  # stopped by max_rounds
     stopped = load_state(out)
     done, running = {r.name for r in stopped.by_status("completed")}, {r.name for r in stopped.by_status("running")}
     assert done and running
@@ -190,5 +193,24 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
     spec = json.loads((out / "skills" / state.record("make_wood_pickaxe").dirname / "spec.json").read_text())
     assert spec["plan"] == ["collect_wood", "place_table"]
     assert (out / "skills" / state.record("make_wood_pickaxe").dirname / "expert").is_dir()
+    # The run ended with the composed agent played from fresh worlds, routed towards the deepest
+    # completed skill (target "all"): every skill's expert in the chain, no restarts, no anchors.
+    report = json.loads((out / "eval" / "achievements.json").read_text())
+    assert report["plan"] == ["collect_wood", "place_table", "make_wood_pickaxe"] and report["fresh_worlds"]
+    assert report["episodes"] == 64 and report["max_steps"] == 100  # TechTree's own episode length
+    for mode in ("greedy", "sampled"):
+        rates = report[mode]["achievements"]
+        # the chain unlocks what each of its skills was trained for, in order (each >= the next)
+        assert rates["collect_wood"] >= rates["place_table"] >= rates["make_wood_pickaxe"]
+        assert report[mode]["skills"]["make_wood_pickaxe"] == rates["make_wood_pickaxe"]
+        assert report[mode]["score_percent_of_max"] == pytest.approx(100 * report[mode]["mean_return"] / 8)
+    assert report["sampled"]["achievements"]["make_wood_pickaxe"] >= 0.5, report["sampled"]
+    assert (out / "eval" / "achievements.png").stat().st_size > 0 and (out / "eval" / "episode.gif").stat().st_size > 0
     status = subprocess.run(cmd + ["status", str(out)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert status.returncode == 0 and "make_wood_pickaxe" in status.stdout and "completed" in status.stdout
+    assert "fresh greedy" in status.stdout and "composed agent towards make_wood_pickaxe" in status.stdout
+    # `skills eval` towards another target, with other settings
+    assert main(["eval", str(out), "--episodes", "8", "--target", "place_table", "--max-steps", "50"]) == 0
+    again = json.loads((out / "eval" / "achievements.json").read_text())
+    assert again["plan"] == ["collect_wood", "place_table"] and again["episodes"] == 8 and again["max_steps"] == 50
+    assert main(["eval", str(out), "--episodes", "0"]) == 2

@@ -360,3 +360,24 @@ def test_success_rate_pools_the_latest_rounds_until_min_episodes():
     w = scheduler_module._window(w, RoundResult(None, 0, 0, None, None), min_episodes=64)  # no episode: kept
     assert w == [[30.0, 30], [36.0, 40]]
     assert scheduler_module._window(w, RoundResult(0.25, 64, 0, None, None), min_episodes=64) == [[16.0, 64]]
+
+
+def test_fresh_world_phase_ends_restarts_and_waits_for_failures_to_end(tmp_path):
+    """A skill with dependencies that passes with restarts trains on from fresh worlds (restart
+    probability 0 in its slot) and completes on its fresh-world rate, counted only after
+    `fresh_min_timesteps` of the phase; a root skill has no such phase."""
+    # place_table's fresh-world rate: the quick successes first (1.0), then its steady state
+    trainer = FakeTrainer(slots=1, fresh_rates={"place_table": [1.0, 0.7, 0.7, 0.95]})
+    state = run(tmp_path, trainer, target="place_table", max_parallel_skills=1, restart_prob=0.9,
+                fresh_success_rate_threshold=0.9, fresh_min_timesteps=1500, skill_timesteps=20000)
+    table = state.record("place_table")
+    assert table.status == "completed" and table.phase == "fresh" and state.record("collect_wood").phase == ""
+    assert trainer.restart_calls == [("place_table", 0.0)]  # restarts ended once, for the skill with a dependency
+    rows = [json.loads(line) for line in (tmp_path / "skills" / table.dirname / "metrics.jsonl").read_text().splitlines()]
+    phases = [r["phase"] for r in rows]
+    first_fresh = phases.index("fresh")
+    assert phases[:first_fresh] == ["train"] * first_fresh and first_fresh == 2  # passed with restarts in round 2
+    fresh = rows[first_fresh:]
+    # 1,000 steps a round: the first fresh round (1.0, the quick successes only) is not counted, the
+    # 0.7 rounds keep it training, and it completes on its 0.95 round, not on the early 1.0
+    assert [r["success_rate"] for r in rows[first_fresh:]] == [None, 0.7, 0.7, 0.95]

@@ -53,9 +53,16 @@ class TechTreeState:
     timestep: jax.Array  # int32
 
 
+# RGB of each tile when drawn (`render`), then the player and cells off the map.
+TILE_COLOURS = ((96, 168, 72), (30, 90, 30), (128, 128, 128), (200, 140, 90), (120, 230, 240), (150, 100, 50))
+PLAYER_COLOUR = (240, 60, 60)
+CELL_PX = 16
+
+
 class TechTree(Environment):
     name = "TechTree-v0"
     achievement_names = ACHIEVEMENTS
+    achievement_rewards = (1.0,) * len(ACHIEVEMENTS)  # +1 the first time each is unlocked
     item_names = ITEMS
     action_names = ACTIONS
 
@@ -150,6 +157,12 @@ class TechTree(Environment):
         grid = jax.nn.one_hot(state.grid, len(TILES), dtype=jnp.float32).reshape(-1)
         where = jnp.zeros((params.size, params.size), jnp.float32).at[state.pos[0], state.pos[1]].set(1.0).reshape(-1)
         return jnp.concatenate([grid, where, inv])
+
+    def render(self, state, params):
+        """An RGB frame [size * 16, size * 16, 3]: one coloured square per tile, the player in red."""
+        colours = jnp.asarray(TILE_COLOURS, jnp.uint8)[state.grid]
+        colours = colours.at[state.pos[0], state.pos[1]].set(jnp.asarray(PLAYER_COLOUR, jnp.uint8))
+        return jnp.repeat(jnp.repeat(colours, CELL_PX, axis=0), CELL_PX, axis=1)
 
     def observation_space(self, params):
         if params.egocentric:

@@ -1,0 +1,266 @@
+"""Bottom-up skills against flat PPO at the same total env steps, both judged from fresh worlds.
+
+For each seed:
+1. the skills run (`python -m jaxrl_hier.skills run --config CONFIG seed=S`), or an existing run
+   directory (`--skills-runs`); its budget is every env step of every skill, failed attempts included;
+2. flat PPO on the same env (the skills config's `env` and `env_params`) for that budget, with the
+   skills config's own `ppo` section (same envs, rollout, widths, learning rate; annealed, since
+   flat PPO knows its budget), or the fields of `--ppo-config`;
+3. both agents played greedy and sampled from `--episodes` fresh worlds for full-length episodes:
+   the composed agent of the completed skills (`skills.composed`), PPO's final policy.
+
+The curve of achievements against env steps: flat PPO evaluated the same way after every chunk of
+`--ppo-chunks`; the skills at each skill's completion (the composed agent of the skills completed
+by then, at the env steps all skills had taken by that round).
+
+    python benchmarks/skills_vs_ppo.py --config configs/skills_techtree.yaml \
+        --out benchmarks/results/cpu/skills_vs_ppo/techtree --seeds 0 1 2
+
+Writes `skills_vs_ppo.json`, `skills_vs_ppo.md` (per-achievement success rates, score, env steps,
+wall time, mean and standard error over seeds) and `skills_vs_ppo.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+import jax
+import numpy as np
+import yaml
+
+from jaxrl_hier.bench import device_info
+from jaxrl_hier.config import build_dataclass, load_config
+from jaxrl_hier.io import atomic_write_json, atomic_write_text
+from jaxrl_hier.logging.metrics import read_jsonl, save_figure
+from jaxrl_hier.skills.cli import check_config
+from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_run, play_episodes,
+                                        summarize)
+from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.state import load_state
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="a skills config (configs/skills_*.yaml)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--skills-runs", type=Path, nargs="*", default=None,
+                   help="finished skills run directories, one per seed (skips the skills runs)")
+    p.add_argument("--ppo-config", default=None, help="a PPO YAML whose fields replace the skills config's ppo")
+    p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
+    p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the skills config")
+    return p.parse_args(argv)
+
+
+def run_skills(args, seed: int) -> tuple[Path, float]:
+    out = args.out / f"skills_seed{seed}"
+    cmd = [sys.executable, "-m", "jaxrl_hier.skills", "run", "--config", args.config, "--output-dir", str(out),
+           "--no-progress", f"seed={seed}", "eval_episodes=0", *args.overrides]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode not in (0, 1):  # 1: the target did not complete, which is a result too
+        sys.exit(f"skills run failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    return out, wall
+
+
+def skills_curve(run_dir: Path, config: SkillsConfig, catalog, key, episodes: int, max_steps: int) -> list[dict]:
+    """The composed agent at each skill's completion: (env steps of all skills by then, summary)."""
+    state = load_state(run_dir)
+    run = load_run(run_dir, config, catalog)
+    rows = {r.name: read_jsonl(run_dir / "skills" / r.dirname / "metrics.jsonl") for r in state.skills}
+
+    def steps_by(round_: int) -> int:
+        return sum(max((row["total_steps"] for row in rs if row["update"] <= round_), default=0)
+                   for rs in rows.values())
+
+    done = sorted((rows[r.name][-1]["update"], r.name) for r in state.by_status("completed"))
+    curve, names = [], []
+    base = run.env.base
+    for round_, name in done:
+        names.append(name)
+        experts = {n: run.experts[n] for n in names}
+        comp, _ = build_composition(run.env, run.library, experts, choose_target(run.library, names, "all"))
+        stats = run.agent.evaluate(comp, key, episodes, max_steps, False)
+        s = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts))
+        curve.append({"env_steps": steps_by(round_), "skill": name,
+                      "achievements_per_episode": float(sum(s["achievements"].values()))})
+    return curve
+
+
+def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
+    from jaxrl_hier.algorithms.ppo import PPOConfig, make_train
+
+    values = dict(config.ppo)
+    if args.ppo_config:
+        values = {k: v for k, v in yaml.safe_load(Path(args.ppo_config).read_text()).items()
+                  if k not in ("env", "total_timesteps", "seed")}
+    values.update(env=config.env, seed=seed, anneal_lr=True, eval_gif=False, num_seeds=1)
+    per_update = values.get("num_envs", PPOConfig.num_envs) * values.get("num_steps", PPOConfig.num_steps)
+    values["total_timesteps"] = max(budget, per_update)
+    ppo = build_dataclass(PPOConfig, values, source="flat PPO")
+    env, env_params = config.make_env()
+    return make_train(ppo, env=env, env_params=env_params), ppo
+
+
+def ppo_policy_eval(trainer, runner, key, episodes: int, max_steps: int, greedy: bool):
+    params = jax.tree.map(lambda x: x[0], runner.train_state.params)
+    extra = jax.tree.map(lambda x: x[0], runner.extra_variables)
+
+    def act(obs, state, k):
+        pi, _ = trainer.apply(params, extra, obs)
+        return jax.numpy.argmax(pi.logits, -1) if greedy else pi.sample(seed=k)
+
+    def play(key):
+        return play_episodes(trainer.env, trainer.env_params, act, lambda s: jax.numpy.zeros((episodes, 0), bool),
+                             key, episodes, max_steps)
+
+    return jax.tree.map(np.asarray, jax.jit(play)(key))
+
+
+def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, rewards) -> dict:
+    trainer, ppo = ppo_agent(args, config, budget, seed)
+    runner = trainer.init(jax.random.PRNGKey(seed))
+    total = ppo.num_updates
+    chunk = max(1, math.ceil(total / args.ppo_chunks))
+    curve, done, train_s, compile_s = [], 0, 0.0, None
+    while done < total:
+        n = min(chunk, total - done)
+        t0 = time.perf_counter()
+        runner, metrics = trainer.update(runner, n)
+        jax.block_until_ready(metrics)
+        elapsed = time.perf_counter() - t0
+        compile_s = elapsed if compile_s is None else compile_s
+        train_s += elapsed
+        done += n
+        stats = ppo_policy_eval(trainer, runner, key, args.episodes, max_steps, greedy=False)
+        s = summarize(stats, names, rewards, [])
+        curve.append({"env_steps": done * ppo.steps_per_update,
+                      "achievements_per_episode": float(sum(s["achievements"].values()))})
+    out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s, "curve": curve}
+    for i, mode in enumerate(("greedy", "sampled")):
+        stats = ppo_policy_eval(trainer, runner, jax.random.fold_in(key, i), args.episodes, max_steps,
+                                mode == "greedy")
+        out[mode] = summarize(stats, names, rewards, [])
+    return out
+
+
+def mean_se(xs):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return None, None
+    return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
+
+
+def fmt(m, se, pct=True):
+    if m is None:
+        return "n/a"
+    scale = 100 if pct else 1
+    return f"{m * scale:.1f}" + ("" if se is None else f" ± {se * scale:.1f}")
+
+
+def table(results: dict, names) -> str:
+    seeds = results["seeds"]
+    lines = [f"{len(seeds)} seed(s) {seeds}; {results['episodes']} fresh-world episodes per agent, mode and seed, "
+             f"up to {results['max_steps']} steps; mean ± standard error over seeds",
+             "", "| | skills (greedy) | skills (sampled) | flat PPO (greedy) | flat PPO (sampled) |",
+             "|---|---:|---:|---:|---:|"]
+
+    def cell(agent, mode, field, sub=None, pct=True):
+        vals = [(r[agent][mode][field] if sub is None else r[agent][mode][field][sub]) for r in results["runs"]]
+        if field == "score_percent_of_max":
+            vals = [None if v is None else v / 100 for v in vals]
+        return fmt(*mean_se(vals), pct=pct)
+
+    for n in names:
+        lines.append(f"| {n} (%) | " + " | ".join(cell(a, m, "achievements", n) for a in ("skills", "ppo")
+                                                 for m in ("greedy", "sampled")) + " |")
+    lines.append("| mean return | " + " | ".join(cell(a, m, "mean_return", pct=False) for a in ("skills", "ppo")
+                                                for m in ("greedy", "sampled")) + " |")
+    lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in ("skills", "ppo")
+                                                     for m in ("greedy", "sampled")) + " |")
+    steps = [r["skills"]["env_steps"] for r in results["runs"]]
+    lines += ["", "| | env steps | wall time (s) |", "|---|---:|---:|",
+              f"| skills run | {np.mean(steps):,.0f} | {fmt(*mean_se([r['skills']['wall_s'] for r in results['runs']]), pct=False)} |",
+              f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
+              f"{fmt(*mean_se([r['ppo']['wall_s'] for r in results['runs']]), pct=False)} (training only) |"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, r in enumerate(results["runs"]):
+        kw = {"label": None} if i else {}
+        ax.plot([p["env_steps"] for p in r["ppo"]["curve"]], [p["achievements_per_episode"] for p in r["ppo"]["curve"]],
+                color="tab:blue", marker=".", **({"label": "flat PPO"} if not i else kw))
+        ax.plot([p["env_steps"] for p in r["skills"]["curve"]],
+                [p["achievements_per_episode"] for p in r["skills"]["curve"]], color="tab:orange", marker="o",
+                **({"label": "skills (composed agent)"} if not i else kw))
+    ax.set(xlabel="env steps (all skills counted)", ylabel="achievements per fresh-world episode (sampled)",
+           title=results["env"])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = load_config(SkillsConfig, args.config, args.overrides)
+    catalog = check_config(config)
+    base, base_params = config.make_env()
+    names, rewards = tuple(base.achievement_names), tuple(base.achievement_rewards)
+    max_steps = episode_limit(base_params)
+    if args.skills_runs and len(args.skills_runs) != len(args.seeds):
+        sys.exit("give one --skills-runs directory per seed")
+    runs = []
+    for i, seed in enumerate(args.seeds):
+        key = jax.random.key(1000 + seed)  # the same fresh worlds for both agents
+        if args.skills_runs:
+            run_dir, wall = args.skills_runs[i], None
+        else:
+            run_dir, wall = run_skills(args, seed)
+        run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
+        state = load_state(run_dir)
+        budget = sum(r.total_steps for r in state.skills)
+        run = load_run(run_dir, run_config, catalog)
+        aim = choose_target(run.library, list(run.experts), run.target)
+        comp, plan = build_composition(run.env, run.library, run.experts, aim)
+        skills = {"run_dir": str(run_dir), "env_steps": budget, "wall_s": wall, "target": aim, "plan": plan,
+                  "completed": list(run.experts), "skills_total": len(state.skills)}
+        for j, mode in enumerate(("greedy", "sampled")):
+            stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
+            skills[mode] = summarize(stats, names, rewards, list(run.experts))
+        skills["curve"] = skills_curve(run_dir, run_config, catalog, key, args.episodes, max_steps)
+        ppo = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
+        runs.append({"seed": seed, "skills": skills, "ppo": ppo})
+        print(f"seed {seed}: skills {budget:,} steps, {len(run.experts)}/{len(state.skills)} skills completed; "
+              f"target {aim} sampled {skills['sampled']['achievements'].get(aim, skills['sampled']['skills'][aim]):.2f}",
+              flush=True)
+    results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,
+               "episodes": args.episodes, "max_steps": max_steps, "device": device_info(), "runs": runs}
+    atomic_write_json(args.out / "skills_vs_ppo.json", results)
+    md = table(results, names)
+    atomic_write_text(args.out / "skills_vs_ppo.md", md)
+    plot(results, args.out / "skills_vs_ppo.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

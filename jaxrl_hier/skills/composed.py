@@ -1,0 +1,347 @@
+"""The composed agent: a run's completed skills as one policy, judged from fresh worlds.
+
+Training judges each skill on the episodes its own expert controls, many of them restarted from
+anchors (`skills.env`). A Craftax agent is judged otherwise: one policy plays whole episodes from
+fresh worlds, and the figure is the share of episodes that unlock each achievement. This module
+builds that policy and plays it.
+
+Routing (as in training, `skills.env.route`): the skills on the way to the target, in dependency
+order, each hold the expert trained for them; on every step the first skill whose success
+conditions do not hold yet acts. Once all of them hold, the target's own expert keeps acting until
+the episode ends. Conditions are read from the live state on every step, so a condition that stops
+holding (wood spent on a table) hands control back to the skill that provides it.
+
+`evaluate` plays `episodes` fresh worlds for the base env's full episode length (or until every
+episode has ended: a `lax.while_loop`), greedy or sampled, and returns per episode the base env's
+achievements, return and length, plus whether each completed skill's conditions held at some step
+(the composed agent's rate for that skill). `write_report` turns both modes into
+`eval/achievements.json`, a bar chart and a GIF of one episode with the acting skill under each frame.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask, stack_experts
+from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+
+EVAL_DIR = "eval"
+REPORT_FILE = "achievements.json"
+
+
+@struct.dataclass
+class Composition:
+    """The routed experts (plan order) and the conditions the report watches."""
+
+    plan: Conditions  # [P, C]: success conditions of the routed skills, dependencies first, the target last
+    bank: Any  # actor experts stacked on a leading [P] axis (`skills.moe` layers)
+    watch: Conditions  # [W, C]: success conditions of every completed skill
+
+
+class EpisodeStats(struct.PyTreeNode):
+    achievements: jax.Array  # bool[N, A]: the base env's achievements when the episode ended
+    episode_return: jax.Array  # float32[N]
+    length: jax.Array  # int32[N]
+    held: jax.Array  # bool[N, W]: each watched skill's conditions held at some step
+    first: jax.Array  # int32[N, W]: the step at which they first held (-1: never)
+
+
+def choose_target(library: SkillLibrary, completed: Sequence[str], target: str) -> str:
+    """The skill the composed agent is routed towards: `target` if completed; for "all", or a target
+    not completed yet, the completed skill with the longest dependency chain that leads to it (the
+    deepest completed one for "all")."""
+    if not completed:
+        raise SkillError("no skill of this run has completed yet: there is no composed agent to evaluate.")
+    if target in completed:
+        return target
+    if target != "all" and target not in library:
+        raise SkillError(f"target '{target}' is not a skill of this run ({', '.join(library.names)}).")
+    towards = completed if target == "all" else [s for s in completed if s in library.closure(target)]
+    if not towards:
+        raise SkillError(f"none of the skills that '{target}' needs has completed yet.")
+    # longest chain first; among equals the later-completed one (completed is in completion order)
+    return max(reversed(towards), key=lambda s: len(library.closure(s)))
+
+
+def build_composition(env, library: SkillLibrary, experts: dict[str, Any], target: str) -> tuple[Composition, list[str]]:
+    """The composition routed towards `target` (a completed skill) over the completed skills in
+    `experts`; returns it with the plan's skill names."""
+    plan = [*library.closure(target), target]
+    missing = [s for s in plan if s not in experts]
+    if missing:
+        raise SkillError(f"'{target}' needs {', '.join(missing)}, which have not completed.")
+    watched = list(experts)
+    comp = Composition(plan=env.conditions([library[s] for s in plan]),
+                       bank=stack_experts([experts[s]["actor"] for s in plan]),
+                       watch=env.conditions([library[s] for s in watched]))
+    return jax.tree.map(jnp.asarray, comp), plan
+
+
+def episode_limit(env_params: Any) -> int:
+    """The base env's episode length: TechTree's `max_steps`, Craftax's `max_timesteps`."""
+    for name in ("max_steps", "max_timesteps", "max_steps_in_episode"):
+        if hasattr(env_params, name):
+            return int(getattr(env_params, name))
+    raise SkillError("this env's params name no episode length; pass --max-steps.")
+
+
+class ComposedAgent:
+    """Plays a `Composition` in the base env (`skill_env`: the run's `SkillEnv`, for its quantities
+    and condition tables). Compiled once per (episodes, greedy) pair."""
+
+    def __init__(self, skill_env, base_params: Any, activation: str, dispatch: str = "gather"):
+        self.env, self.base, self.base_params = skill_env, skill_env.base, base_params
+        self.act = ACTIVATIONS[activation]
+        self.dispatch = dispatch
+        self._evaluate = jax.jit(self._play, static_argnums=(2, 3, 4))
+
+    def actions(self, comp: Composition, obs: jax.Array, state: Any, key: jax.Array, greedy: bool):
+        """(actions [N], acting plan position [N]) for a batch of base observations and states."""
+        q = jax.vmap(self.env.quantities)(state)
+        # Once every routed skill holds, the target's own expert (the last) keeps acting.
+        last = comp.plan.index.shape[0] - 1
+        acting = jnp.minimum(jax.vmap(route, in_axes=(0, None, None))(q, comp.plan, last + 1), last)
+        x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        logits = mix(comp.bank, x, acting, self.act)
+        if greedy:
+            return jnp.argmax(logits, axis=-1), acting
+        return jax.random.categorical(key, logits), acting
+
+    def held(self, comp: Composition, state: Any) -> jax.Array:
+        """bool[N, W]: each watched skill's conditions hold in each state."""
+        return jax.vmap(lambda s: conditions_hold(self.env.quantities(s), comp.watch))(state)
+
+    def _play(self, comp: Composition, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
+        def act(obs, state, k):
+            return self.actions(comp, obs, state, k, greedy)[0]
+
+        return play_episodes(self.base, self.base_params, act, lambda state: self.held(comp, state), key, episodes,
+                             max_steps)
+
+    def evaluate(self, comp: Composition, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
+        return jax.tree.map(np.asarray, self._evaluate(comp, key, episodes, max_steps, greedy))
+
+    def episode_frames(self, comp: Composition, key: jax.Array, max_steps: int, greedy: bool):
+        """One sampled (or greedy) episode: frames [T, H, W, 3], acting plan position [T] and
+        the base env's achievements [T, A] at each frame, cut at the episode's end."""
+
+        def run(key):
+            k_reset, key = jax.random.split(key)
+            obs, state = self.base.reset(k_reset, self.base_params)
+
+            def step(carry, _):
+                obs, state, key, alive = carry
+                key, k_act, k_step = jax.random.split(key, 3)
+                frame = self.base.render(state, self.base_params)
+                batch = jax.tree.map(lambda x: x[None], (obs, state))
+                action, acting = self.actions(comp, batch[0], batch[1], k_act, greedy)
+                unlocked = self.base.achievements(state)
+                obs, state, _, terminated, truncated, _ = self.base.step(k_step, state, action[0], self.base_params)
+                return (obs, state, key, alive & ~(terminated | truncated)), (frame, acting[0], unlocked, alive)
+
+            return jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)[1]
+
+        frames, acting, unlocked, alive = (np.asarray(x) for x in jax.jit(run)(key))
+        return frames[alive], acting[alive], unlocked[alive]
+
+
+def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int) -> EpisodeStats:
+    """`episodes` fresh worlds of `base` played by `act(obs [N, ...], state, key) -> actions [N]`,
+    each for one whole episode (at most `max_steps` steps; the loop stops once every episode has
+    ended). `watch(state) -> bool[N, W]` is tracked as "held at some step". Traceable (jit it)."""
+    k_reset, key = jax.random.split(key)
+    obs, state = jax.vmap(base.reset, in_axes=(0, None))(jax.random.split(k_reset, episodes), base_params)
+    held = watch(state)
+    stats = EpisodeStats(jax.vmap(base.achievements)(state), jnp.zeros(episodes), jnp.zeros(episodes, jnp.int32),
+                         held, jnp.where(held, 0, -1))
+
+    def cond(carry):
+        t, _, _, alive, _, _ = carry
+        return (t < max_steps) & alive.any()
+
+    def body(carry):
+        t, obs, state, alive, stats, key = carry
+        key, k_act, k_step = jax.random.split(key, 3)
+        action = act(obs, state, k_act)
+        obs, state, reward, terminated, truncated, _ = jax.vmap(base.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(k_step, episodes), state, action, base_params)
+        # Only the first episode counts: a finished env keeps stepping, masked out.
+        held = stats.held | (alive[:, None] & watch(state))
+        stats = EpisodeStats(jnp.where(alive[:, None], jax.vmap(base.achievements)(state), stats.achievements),
+                             stats.episode_return + jnp.where(alive, reward, 0.0),
+                             stats.length + alive.astype(jnp.int32), held,
+                             jnp.where(held & ~stats.held, t + 1, stats.first))
+        return t + 1, obs, state, alive & ~(terminated | truncated), stats, key
+
+    carry = (jnp.int32(0), obs, state, jnp.ones(episodes, bool), stats, key)
+    return jax.lax.while_loop(cond, body, carry)[4]
+
+
+# ---------------------------------------------------------------------------- figures
+def summarize(stats: EpisodeStats, achievement_names: Sequence[str], achievement_rewards: Sequence[float],
+              watched: Sequence[str]) -> dict:
+    """Craftax's measures: per achievement the share of episodes that unlock it, the mean return,
+    the score as % of the maximum return, and Crafter's geometric-mean score over the rates."""
+    rates = stats.achievements.mean(axis=0)
+    max_return = float(np.sum(achievement_rewards))
+    mean_return = float(stats.episode_return.mean())
+    percent = 100.0 * rates
+    return {
+        "episodes": int(stats.episode_return.shape[0]),
+        "achievements": {n: float(r) for n, r in zip(achievement_names, rates)},
+        "skills": {s: float(r) for s, r in zip(watched, stats.held.mean(axis=0))},
+        # mean step at which each skill's conditions first held, over the episodes where they did
+        "skills_first_step": {s: (float(stats.first[stats.held[:, i], i].mean()) if stats.held[:, i].any() else None)
+                              for i, s in enumerate(watched)},
+        "mean_return": mean_return,
+        "return_std_error": float(stats.episode_return.std(ddof=1) / math.sqrt(len(stats.episode_return)))
+        if len(stats.episode_return) > 1 else None,
+        "max_return": max_return,
+        "score_percent_of_max": 100.0 * mean_return / max_return if max_return else None,
+        "crafter_score": float(np.exp(np.mean(np.log(1.0 + percent))) - 1.0),
+        "mean_length": float(stats.length.mean()),
+    }
+
+
+def plot_achievements(report: dict, path: Path, title: str) -> None:
+    """Per-achievement success rates of each mode, as horizontal bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.logging.metrics import save_figure
+
+    modes = [m for m in ("greedy", "sampled") if m in report]
+    names = list(report[modes[0]]["achievements"])
+    fig, ax = plt.subplots(figsize=(7, 0.28 * len(names) + 1.5))
+    height = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        ys = np.arange(len(names)) + i * height
+        ax.barh(ys, [100 * report[mode]["achievements"][n] for n in names], height=height, label=mode)
+    ax.set_yticks(np.arange(len(names)) + 0.4 - height / 2, names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="episodes that unlock it (%)", xlim=(0, 100), title=title)
+    ax.legend(loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: Sequence[str],
+                 watched: Sequence[str], *, episodes: int, max_steps: int, seed: int, gif_steps: int,
+                 achievement_names: Sequence[str], achievement_rewards: Sequence[float]) -> dict:
+    """Evaluate greedy and sampled; write eval/achievements.json, eval/achievements.png and
+    eval/episode.gif (the GIF where the env can render). Every file goes through an atomic write."""
+    from jaxrl_hier.logging.episode_gif import write_annotated_gif
+
+    out = Path(run_dir) / EVAL_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    key = jax.random.key(seed)
+    report: dict[str, Any] = {"target": plan[-1], "plan": list(plan), "episodes": episodes, "max_steps": max_steps,
+                              "seed": seed, "fresh_worlds": True}
+    for i, mode in enumerate(("greedy", "sampled")):
+        stats = agent.evaluate(comp, jax.random.fold_in(key, i), episodes, max_steps, mode == "greedy")
+        report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
+    plot_achievements(report, out / "achievements.png", f"composed agent towards {plan[-1]}, {episodes} fresh worlds")
+    try:
+        frames, acting, unlocked = agent.episode_frames(comp, jax.random.fold_in(key, 2), min(gif_steps, max_steps),
+                                                        greedy=False)
+    except NotImplementedError:  # an env without a renderer: no GIF
+        report["gif"] = None
+    else:
+        names = [[n for n, on in zip(achievement_names, row) if on] for row in unlocked]
+        captions = [f"acting: {plan[j]}" for j in acting]
+        write_annotated_gif(frames, names, out / "episode.gif", captions=captions)
+        report["gif"] = "episode.gif"
+    atomic_write_json(out / REPORT_FILE, report)
+    return report
+
+
+def read_report(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / EVAL_DIR / REPORT_FILE
+    if not path.is_file():
+        return None
+    import json
+
+    return json.loads(path.read_text())
+
+
+__all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
+           "load_run", "play_episodes", "summarize", "RunAgents", "write_report", "read_report", "EVAL_DIR", "REPORT_FILE"]
+
+
+class RunAgents(struct.PyTreeNode):
+    """What a run directory holds for composing: its env, library and completed experts."""
+
+    env: Any = struct.field(pytree_node=False)  # the run's SkillEnv (quantities, condition tables)
+    base_params: Any = struct.field(pytree_node=False)
+    library: SkillLibrary = struct.field(pytree_node=False)
+    experts: dict = struct.field(pytree_node=False)  # completed skill -> expert, in the state file's order
+    agent: ComposedAgent = struct.field(pytree_node=False)
+    target: str = struct.field(pytree_node=False)  # the run's target
+
+
+def load_run(run_dir: Path, config: Any, catalog: SkillLibrary) -> RunAgents:
+    """The completed experts of a run directory and an agent to play them (see `evaluate_run`)."""
+    from jaxrl_hier.skills.env import SkillEnv
+    from jaxrl_hier.skills.moe import MoEPolicy
+    from jaxrl_hier.skills.scheduler import run_library
+    from jaxrl_hier.skills.state import load_state
+    from jaxrl_hier.skills.trainer import load_expert, quantities_for
+
+    run_dir = Path(run_dir)
+    state = load_state(run_dir)
+    base, base_params = config.make_env()
+    if not getattr(base, "achievement_names", ()):
+        raise SkillError(f"{base.name} reports no achievements: the composed agent's report needs them.")
+    env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions)
+    ppo = config.ppo_config()
+    policy = MoEPolicy(base.action_space(base_params).n, ppo.hidden_size, ppo.num_layers, ppo.activation,
+                       config.max_experts, config.moe_dispatch)
+    obs_dim = int(np.prod(base.observation_space(base_params).shape))
+    # Shapes only (no eager JAX ops): the restore fills them.
+    like = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
+                        jax.eval_shape(lambda key: policy.init_expert(key, obs_dim), jax.random.key(0)))
+    experts = {r.name: load_expert(run_dir / "skills" / r.dirname, like) for r in state.by_status("completed")}
+    return RunAgents(env, base_params, run_library(state, catalog), experts,
+                     ComposedAgent(env, base_params, ppo.activation, config.moe_dispatch), state.target)
+
+
+def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes: int, target: str | None = None,
+                 max_steps: int | None = None, seed: int | None = None, gif_steps: int = 300) -> dict:
+    """Evaluate the composed agent of a run directory (its completed skills' experts, routed
+    towards `target`, default the run's) and write its report; see `write_report`."""
+    run = load_run(run_dir, config, catalog)
+    aim = choose_target(run.library, list(run.experts), target or run.target)
+    comp, plan = build_composition(run.env, run.library, run.experts, aim)
+    base = run.env.base
+    return write_report(Path(run_dir), run.agent, comp, plan, list(run.experts), episodes=episodes,
+                        max_steps=max_steps or episode_limit(run.base_params),
+                        seed=config.seed if seed is None else seed, gif_steps=gif_steps,
+                        achievement_names=tuple(base.achievement_names),
+                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())))
+
+
+def report_lines(report: dict) -> list[str]:
+    """A few lines for the terminal: the figures of each mode and the rates of the routed skills."""
+    lines = [f"composed agent towards {report['target']}: {report['episodes']} fresh-world episodes of up to "
+             f"{report['max_steps']} steps"]
+    for mode in ("greedy", "sampled"):
+        r = report[mode]
+        score = "n/a" if r["score_percent_of_max"] is None else f"{r['score_percent_of_max']:.1f}%"
+        chain = ", ".join(f"{s} {r['skills'][s]:.2f}" for s in report["plan"])
+        lines.append(f"  {mode}: return {r['mean_return']:.2f} (score {score} of max, length {r['mean_length']:.0f}); "
+                     f"{chain}")
+    return lines

@@ -1,0 +1,49 @@
+"""The Craftax-Classic skills program compiled once at a tiny size: the GPU config
+(configs/skills_craftax_classic_gpu.yaml) with its sizes cut down, a skill with a frozen dependency
+trained for one round, its restarts switched off for the fresh-world phase, and the composed agent
+played from fresh worlds. Craftax compiles slowly on a CPU (15-60 s a program), so one test holds
+all of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import yaml
+
+from jaxrl_hier.skills.composed import ComposedAgent, build_composition, summarize
+from jaxrl_hier.skills.config import skills_config_from_dict
+from jaxrl_hier.skills.library import craftax_classic_library
+from jaxrl_hier.skills.trainer import SkillTrainer
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"max_parallel_skills": 1, "max_experts": 2, "updates_per_round": 1, "min_episodes": 1, "eval_episodes": 2}
+TINY_PPO = {"num_envs": 4, "num_steps": 4, "num_minibatches": 1, "update_epochs": 1, "hidden_size": 16, "num_layers": 1}
+
+
+def test_craftax_classic_skill_round_and_composed_agent_at_a_tiny_size():
+    values = yaml.safe_load((ROOT / "configs" / "skills_craftax_classic_gpu.yaml").read_text())
+    config = skills_config_from_dict({**values, **TINY, "ppo": {**values["ppo"], **TINY_PPO}})
+    assert config.ppo["num_envs"] == 4 and config.restart_prob > 0
+    library = craftax_classic_library()
+    trainer = SkillTrainer(config, library)
+    trainer.init(jax.random.key(0))
+    wood = trainer.policy.init_expert(jax.random.key(1), trainer._obs_dim)
+    trainer.start({0: "place_table"}, library, {"collect_wood": wood}, jax.random.key(2))
+    assert trainer.restart_prob(0) == config.restart_prob
+    (result,) = trainer.train_round()
+    assert result.steps == 4 * 4 and np.isfinite(result.episode_return or 0.0)
+    trainer.set_restart_prob(0, 0.0)  # the fresh-world phase: the same program, no recompile
+    assert trainer.restart_prob(0) == 0.0
+    trainer.train_round()
+
+    experts = {"collect_wood": wood, "place_table": trainer.expert(0)}
+    comp, plan = build_composition(trainer.env, library, experts, "place_table")
+    assert plan == ["collect_wood", "place_table"]
+    agent = ComposedAgent(trainer.env, trainer.base_params, "tanh", config.moe_dispatch)
+    stats = agent.evaluate(comp, jax.random.key(3), 2, 8, greedy=False)
+    base = trainer.env.base
+    assert stats.achievements.shape == (2, len(base.achievement_names)) and (stats.length == 8).all()
+    report = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts))
+    assert report["max_return"] == 22.0 and set(report["skills"]) == {"collect_wood", "place_table"}
