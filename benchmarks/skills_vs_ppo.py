@@ -54,6 +54,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--skills-runs", type=Path, nargs="*", default=None,
                    help="finished skills run directories, one per seed (skips the skills runs)")
+    p.add_argument("--skills-wall-s", type=float, nargs="*", default=None,
+                   help="the wall time of each --skills-runs run (seconds), for the table")
     p.add_argument("--ppo-config", default=None, help="a PPO YAML whose fields replace the skills config's ppo")
     p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
@@ -232,7 +234,7 @@ def main(argv=None) -> int:
     for i, seed in enumerate(args.seeds):
         key = jax.random.key(1000 + seed)  # the same fresh worlds for both agents
         if args.skills_runs:
-            run_dir, wall = args.skills_runs[i], None
+            run_dir, wall = args.skills_runs[i], args.skills_wall_s[i] if args.skills_wall_s else None
         else:
             run_dir, wall = run_skills(args, seed)
         run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
@@ -247,6 +249,9 @@ def main(argv=None) -> int:
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
         skills["curve"] = skills_curve(run_dir, run_config, catalog, key, args.episodes, max_steps)
+        # the whole budget (failed attempts after the last completion included), the final agent
+        skills["curve"].append({"env_steps": budget, "skill": "(end of run)", "achievements_per_episode":
+                                float(sum(skills["sampled"]["achievements"].values()))})
         ppo = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
         runs.append({"seed": seed, "skills": skills, "ppo": ppo})
         print(f"seed {seed}: skills {budget:,} steps, {len(run.experts)}/{len(state.skills)} skills completed; "
