@@ -294,7 +294,7 @@ class Scheduler:
                 r.phase_steps = 0
                 starting[r.slot] = r.name
         if starting:
-            seed = jax.random.fold_in(jax.random.key(self.config.seed), self.state.round + 1)
+            seed = _start_key(self.config.seed, self.state.round + 1)
             names = ", ".join(starting.values())
             self.lock.doing(f"starting {names} (round {self.state.round})")
             self.trainer.start(starting, self.library(), self.experts, seed)
@@ -374,6 +374,13 @@ class Scheduler:
         w = self._writers.pop(r.name, None)
         if w is not None:
             w.close()
+
+
+@jax.jit
+def _start_key(seed: int, n: int) -> jax.Array:
+    """The key of the n-th round's skill starts: one compiled call, not two eager ops (issue 30: a
+    start-up hang sat in an eager op; a skill start now dispatches only compiled programs)."""
+    return jax.random.fold_in(jax.random.key(seed), n)
 
 
 def run_library(state: SchedulerState, catalog: SkillLibrary) -> SkillLibrary:
