@@ -204,6 +204,10 @@ def cmd_eval(args) -> int:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}.")
     config = load_config(SkillsConfig, out / CONFIG_FILE, [])
     catalog = check_config(config)
+    known = set(catalog.names) | {r.name for r in state.skills}
+    if args.target is not None and args.target not in known:
+        raise ConfigError(f"--target '{args.target}' is not a skill of this run or its library."
+                          f"{closest(args.target, sorted(known))}")
     if not state.by_status("completed"):
         raise ConfigError(f"no skill of {out} has completed yet: there is no composed agent to evaluate.")
     report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,

@@ -57,16 +57,15 @@ class EpisodeStats(struct.PyTreeNode):
 
 
 def choose_target(library: SkillLibrary, completed: Sequence[str], target: str) -> str:
-    """The skill the composed agent is routed towards: `target` if completed; for "all", or a target
-    not completed yet, the completed skill with the longest dependency chain that leads to it (the
-    deepest completed one for "all")."""
+    """The skill the composed agent is routed towards: `target` if completed; for a target not
+    completed yet, the completed skill with the longest dependency chain that leads to it; for
+    "all", or a target not proposed yet, the deepest completed skill."""
     if not completed:
         raise SkillError("no skill of this run has completed yet: there is no composed agent to evaluate.")
     if target in completed:
         return target
-    if target != "all" and target not in library:
-        raise SkillError(f"target '{target}' is not a skill of this run ({', '.join(library.names)}).")
-    towards = completed if target == "all" else [s for s in completed if s in library.closure(target)]
+    # "all", or a target not proposed yet in this run (the planner proposes as dependencies complete)
+    towards = completed if target not in library else [s for s in completed if s in library.closure(target)]
     if not towards:
         raise SkillError(f"none of the skills that '{target}' needs has completed yet.")
     # longest chain first; among equals the later-completed one (completed is in completion order)

@@ -214,3 +214,4 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
     again = json.loads((out / "eval" / "achievements.json").read_text())
     assert again["plan"] == ["collect_wood", "place_table"] and again["episodes"] == 8 and again["max_steps"] == 50
     assert main(["eval", str(out), "--episodes", "0"]) == 2
+    assert main(["eval", str(out), "--target", "fly"]) == 2

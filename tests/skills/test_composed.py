@@ -145,5 +145,7 @@ def test_target_choice(setup):
     assert choose_target(lib, ["token", "rung_0"], "all") == "rung_0"
     assert choose_target(lib, ["token", "rung_0"], "rung_2") == "rung_0"  # the deepest completed on the way
     assert choose_target(lib, ["token", "rung_0", "rung_1"], "rung_1") == "rung_1"
+    # a target the run has not proposed yet (the planner proposes as dependencies complete)
+    assert choose_target(SkillLibrary(lib.skills[:2]), ["token", "rung_0"], "rung_2") == "rung_0"
     with pytest.raises(SkillError, match="no skill of this run has completed"):
         choose_target(lib, [], "rung_2")
