@@ -114,23 +114,30 @@ def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
     return make_train(ppo, env=env, env_params=env_params), ppo
 
 
-def ppo_policy_eval(trainer, runner, key, episodes: int, max_steps: int, greedy: bool):
-    params = jax.tree.map(lambda x: x[0], runner.train_state.params)
-    extra = jax.tree.map(lambda x: x[0], runner.extra_variables)
+def make_ppo_eval(trainer, episodes: int, max_steps: int):
+    """`evaluate(runner, key, greedy)`: seed 0's policy played from fresh worlds, compiled once per
+    mode (the policy's parameters are arguments, so every evaluation along the run reuses it)."""
 
-    def act(obs, state, k):
-        pi, _ = trainer.apply(params, extra, obs)
-        return jax.numpy.argmax(pi.logits, -1) if greedy else pi.sample(seed=k)
+    def play(params, extra, key, greedy):
+        def act(obs, state, k):
+            pi, _ = trainer.apply(params, extra, obs)
+            return jax.numpy.argmax(pi.logits, -1) if greedy else pi.sample(seed=k)
 
-    def play(key):
         return play_episodes(trainer.env, trainer.env_params, act, lambda s: jax.numpy.zeros((episodes, 0), bool),
                              key, episodes, max_steps)
 
-    return jax.tree.map(np.asarray, jax.jit(play)(key))
+    compiled = jax.jit(play, static_argnums=3)
+
+    def evaluate(runner, key, greedy: bool):
+        params, extra = (jax.tree.map(lambda x: x[0], t) for t in (runner.train_state.params, runner.extra_variables))
+        return jax.tree.map(np.asarray, compiled(params, extra, key, greedy))
+
+    return evaluate
 
 
 def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, rewards) -> dict:
     trainer, ppo = ppo_agent(args, config, budget, seed)
+    evaluate = make_ppo_eval(trainer, args.episodes, max_steps)
     runner = trainer.init(jax.random.PRNGKey(seed))
     total = ppo.num_updates
     chunk = max(1, math.ceil(total / args.ppo_chunks))
@@ -144,14 +151,13 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
         compile_s = elapsed if compile_s is None else compile_s
         train_s += elapsed
         done += n
-        stats = ppo_policy_eval(trainer, runner, key, args.episodes, max_steps, greedy=False)
+        stats = evaluate(runner, key, greedy=False)
         s = summarize(stats, names, rewards, [])
         curve.append({"env_steps": done * ppo.steps_per_update,
                       "achievements_per_episode": float(sum(s["achievements"].values()))})
     out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s, "curve": curve}
     for i, mode in enumerate(("greedy", "sampled")):
-        stats = ppo_policy_eval(trainer, runner, jax.random.fold_in(key, i), args.episodes, max_steps,
-                                mode == "greedy")
+        stats = evaluate(runner, jax.random.fold_in(key, i), mode == "greedy")
         out[mode] = summarize(stats, names, rewards, [])
     return out
 
@@ -205,13 +211,12 @@ def plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, r in enumerate(results["runs"]):
-        kw = {"label": None} if i else {}
-        ax.plot([p["env_steps"] for p in r["ppo"]["curve"]], [p["achievements_per_episode"] for p in r["ppo"]["curve"]],
-                color="tab:blue", marker=".", **({"label": "flat PPO"} if not i else kw))
-        ax.plot([p["env_steps"] for p in r["skills"]["curve"]],
-                [p["achievements_per_episode"] for p in r["skills"]["curve"]], color="tab:orange", marker="o",
-                **({"label": "skills (composed agent)"} if not i else kw))
+    for i, r in enumerate(results["runs"]):  # one legend entry per agent, however many seeds
+        for agent, colour, marker, label in (("ppo", "tab:blue", ".", "flat PPO"),
+                                             ("skills", "tab:orange", "o", "skills (composed agent)")):
+            curve = r[agent]["curve"]
+            ax.plot([p["env_steps"] for p in curve], [p["achievements_per_episode"] for p in curve], color=colour,
+                    marker=marker, label=label if i == 0 else None)
     ax.set(xlabel="env steps (all skills counted)", ylabel="achievements per fresh-world episode (sampled)",
            title=results["env"])
     ax.grid(alpha=0.3)

@@ -88,6 +88,7 @@ def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | 
     line_h = font_size + 4
     chars = max(8, int(width / (font_size * 0.6)))  # the default font is about 0.55 em wide
     heads = [[] for _ in frames] if captions is None else [[c] for c in captions]
+    first_names = len(heads[0]) + 1 if len(frames) else 1  # lines before the names: the caption, the count
     blocks = [head + _strip_lines(names, chars) for head, names in zip(heads, achievements)]
     height = line_h * max(len(lines) for lines in blocks) + 6
     out = np.empty((len(frames), big.shape[1] + height, width, 3), np.uint8)
@@ -97,7 +98,6 @@ def annotate_frames(frames: np.ndarray, achievements: Sequence[Sequence[str]] | 
         draw = ImageDraw.Draw(strip)
         new = set(names) - previous
         previous = set(names)
-        first_names = len(lines) - len(_strip_lines(names, chars)) + 1  # lines before it: caption, count
         for i, line in enumerate(lines):
             draw.text((4, 3 + i * line_h), line,
                       fill=NEW if i >= first_names and new & set(_names_in(line)) else TEXT, font=font)

@@ -20,6 +20,7 @@ achievements, return and length, plus whether each completed skill's conditions 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -270,15 +271,7 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
 
 def read_report(run_dir: Path) -> dict | None:
     path = Path(run_dir) / EVAL_DIR / REPORT_FILE
-    if not path.is_file():
-        return None
-    import json
-
-    return json.loads(path.read_text())
-
-
-__all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
-           "load_run", "play_episodes", "summarize", "RunAgents", "write_report", "read_report", "EVAL_DIR", "REPORT_FILE"]
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 class RunAgents(struct.PyTreeNode):
@@ -294,28 +287,20 @@ class RunAgents(struct.PyTreeNode):
 
 def load_run(run_dir: Path, config: Any, catalog: SkillLibrary) -> RunAgents:
     """The completed experts of a run directory and an agent to play them (see `evaluate_run`)."""
-    from jaxrl_hier.skills.env import SkillEnv
-    from jaxrl_hier.skills.moe import MoEPolicy
     from jaxrl_hier.skills.scheduler import run_library
     from jaxrl_hier.skills.state import load_state
-    from jaxrl_hier.skills.trainer import load_expert, quantities_for
+    from jaxrl_hier.skills.trainer import load_expert, skill_env_and_policy
 
     run_dir = Path(run_dir)
     state = load_state(run_dir)
-    base, base_params = config.make_env()
+    env, base_params, policy = skill_env_and_policy(config, catalog)
+    base = env.base
     if not getattr(base, "achievement_names", ()):
         raise SkillError(f"{base.name} reports no achievements: the composed agent's report needs them.")
-    env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions)
-    ppo = config.ppo_config()
-    policy = MoEPolicy(base.action_space(base_params).n, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                       config.max_experts, config.moe_dispatch)
-    obs_dim = int(np.prod(base.observation_space(base_params).shape))
-    # Shapes only (no eager JAX ops): the restore fills them.
-    like = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
-                        jax.eval_shape(lambda key: policy.init_expert(key, obs_dim), jax.random.key(0)))
+    like = policy.expert_zeros(int(np.prod(base.observation_space(base_params).shape)))
     experts = {r.name: load_expert(run_dir / "skills" / r.dirname, like) for r in state.by_status("completed")}
     return RunAgents(env, base_params, run_library(state, catalog), experts,
-                     ComposedAgent(env, base_params, ppo.activation, config.moe_dispatch), state.target)
+                     ComposedAgent(env, base_params, policy.activation, config.moe_dispatch), state.target)
 
 
 def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes: int, target: str | None = None,
@@ -344,3 +329,8 @@ def report_lines(report: dict) -> list[str]:
         lines.append(f"  {mode}: return {r['mean_return']:.2f} (score {score} of max, length {r['mean_length']:.0f}); "
                      f"{chain}")
     return lines
+
+
+__all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
+           "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
+           "read_report", "EVAL_DIR", "REPORT_FILE"]

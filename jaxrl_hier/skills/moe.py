@@ -134,6 +134,12 @@ class MoEPolicy:
         return {"actor": init_mlp(k_actor, self.expert_sizes(obs_dim, self.num_actions), 0.01),
                 "critic": init_mlp(k_critic, self.expert_sizes(obs_dim, 1), 1.0)}
 
+    def expert_zeros(self, obs_dim: int) -> dict:
+        """An expert's tree as host zeros (numpy), from its shapes alone: traced, never run, so no
+        JAX op is dispatched (bank padding rows, restore targets of saved experts)."""
+        shapes = jax.eval_shape(lambda key: self.init_expert(key, obs_dim), jax.random.key(0))
+        return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+
     def init(self, key: jax.Array, obs: dict) -> dict:
         obs_dim = int(np.prod(obs["obs"].shape[1:]))
         expert = self.init_expert(key, obs_dim)

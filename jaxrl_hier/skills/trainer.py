@@ -72,13 +72,9 @@ class SkillTrainer:
         from jaxrl_hier.algorithms.ppo import make_train
 
         self.config = config
-        base, base_params = config.make_env()
-        self.base_params = base_params
-        self.env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions,
-                            config.restart_prob)
+        self.env, self.base_params, self.policy = skill_env_and_policy(config, catalog)
+        base, base_params = self.env.base, self.base_params
         ppo_config = config.ppo_config()
-        self.policy = MoEPolicy(base.action_space(base_params).n, ppo_config.hidden_size, ppo_config.num_layers,
-                                ppo_config.activation, config.max_experts, config.moe_dispatch)
         self.ppo = make_train(ppo_config, env=self.env, env_params=self.env.default_params, network=self.policy)
         self.slots = config.max_parallel_skills
         self.steps_per_update = ppo_config.num_envs * ppo_config.num_steps
@@ -96,13 +92,9 @@ class SkillTrainer:
         # frozen-expert banks, splitting the key and the PPO init (issue 30: a skill start was dozens
         # of tiny eager ops, one of which hung with XLA:CPU in jaxlib 0.10.2; see `_fresh`).
         self._init_slots = jax.jit(self._init_stacked)
-        # Shapes only (traced, never run): the zero rows of a bank are host arrays, no dispatch.
-        self._zero_expert = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(
-            lambda: self.policy.init_expert(jax.random.key(0), self._obs_dim)))
-        # The restore target of a saved expert (shapes, dtypes, device): one compiled program, not the
-        # eager orthogonal init it used to run per loaded expert.
-        self._expert_like = jax.jit(lambda: jax.tree.map(
-            jnp.zeros_like, self.policy.init_expert(jax.random.key(0), self._obs_dim)))
+        # Host zeros from the expert's shapes (no dispatch): the padding rows of a bank and the restore
+        # target of a saved expert, where the eager orthogonal init used to run each time.
+        self._zero_expert = self.policy.expert_zeros(self._obs_dim)
 
     @property
     def quantity_names(self) -> tuple[str, ...]:
@@ -262,7 +254,19 @@ class SkillTrainer:
         save_expert(directory, expert, meta)
 
     def load_expert(self, directory: Path) -> Any:
-        return load_expert(directory, self._expert_like())
+        return load_expert(directory, self._zero_expert)
+
+
+def skill_env_and_policy(config: SkillsConfig, catalog: SkillLibrary) -> tuple[SkillEnv, Any, MoEPolicy]:
+    """The skill env over the config's base env (its params, `env_params` applied) and the
+    mixture-of-experts policy of the config's network: what training and the composed agent share."""
+    base, base_params = config.make_env()
+    env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions,
+                   config.restart_prob)
+    ppo = config.ppo_config()
+    policy = MoEPolicy(base.action_space(base_params).n, ppo.hidden_size, ppo.num_layers, ppo.activation,
+                       config.max_experts, config.moe_dispatch)
+    return env, base_params, policy
 
 
 def bank_rows(plan_len: int, max_experts: int) -> int:
@@ -326,4 +330,4 @@ def load_expert(directory: Path, like: dict) -> dict:
     return jax.tree.map(np.asarray, state)
 
 
-__all__ = ["IDLE", "RoundResult", "bank_rows", "SkillTrainer", "save_expert", "load_expert", "quantities_for"]
+__all__ = ["IDLE", "RoundResult", "bank_rows", "skill_env_and_policy", "SkillTrainer", "save_expert", "load_expert", "quantities_for"]

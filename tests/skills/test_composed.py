@@ -79,8 +79,7 @@ def library() -> SkillLibrary:
 
 def constant_expert(policy: MoEPolicy, action: int) -> dict:
     """An expert whose logits favour `action` whatever the observation (zero weights, a last bias)."""
-    shapes = jax.eval_shape(lambda key: policy.init_expert(key, 2), jax.random.key(0))
-    expert = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    expert = policy.expert_zeros(2)
     expert["actor"][-1]["bias"][action] = 10.0
     return expert
 
