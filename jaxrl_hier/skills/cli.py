@@ -28,7 +28,7 @@ CONFIG_FILE = "config.yaml"
 # They bound the whole run, retry failed skills, reach the generator, or judge the lock.
 RESUME_SAFE_KEYS = ("max_rounds", "max_retries", "stale_lock_s", "stuck_after_s", "generator", "llm_base_url",
                     "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path", "eval_episodes",
-                    "eval_gif_steps")
+                    "eval_gif_steps", "greedy_eval_every")
 
 
 def build_catalog(config: SkillsConfig):

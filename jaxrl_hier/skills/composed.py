@@ -45,6 +45,7 @@ class Composition:
     """The routed experts (plan order) and the conditions the report watches."""
 
     plan: Conditions  # [P, C]: success conditions of the routed skills, dependencies first, the target last
+    needs: jax.Array  # bool[P + 1, P]: which routed skill directly requires which (`skills.env.route`)
     bank: Any  # actor experts stacked on a leading [P] axis (`skills.moe` layers)
     watch: Conditions  # [W, C]: success conditions of every completed skill
 
@@ -81,7 +82,12 @@ def build_composition(env, library: SkillLibrary, experts: dict[str, Any], targe
     if missing:
         raise SkillError(f"'{target}' needs {', '.join(missing)}, which have not completed.")
     watched = list(experts)
-    comp = Composition(plan=env.conditions([library[s] for s in plan]),
+    # The target is routed like its dependencies; the last row of `needs` (what the plan serves)
+    # requires the target only, so once the target holds nothing is left to do, and `actions`
+    # keeps the target's expert acting.
+    needs = env.needs(library, plan, target)
+    needs[-1] = np.arange(len(plan)) == len(plan) - 1
+    comp = Composition(plan=env.conditions([library[s] for s in plan]), needs=needs,
                        bank=stack_experts([experts[s]["actor"] for s in plan]),
                        watch=env.conditions([library[s] for s in watched]))
     return jax.tree.map(jnp.asarray, comp), plan
@@ -110,7 +116,7 @@ class ComposedAgent:
         q = jax.vmap(self.env.quantities)(state)
         # Once every routed skill holds, the target's own expert (the last) keeps acting.
         last = comp.plan.index.shape[0] - 1
-        acting = jnp.minimum(jax.vmap(route, in_axes=(0, None, None))(q, comp.plan, last + 1), last)
+        acting = jnp.minimum(jax.vmap(route, in_axes=(0, None, None, None))(q, comp.plan, last + 1, comp.needs), last)
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         logits = mix(comp.bank, x, acting, self.act)

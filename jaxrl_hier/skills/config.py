@@ -64,6 +64,10 @@ class SkillsConfig:
     # towards the target, played greedy and sampled from this many fresh worlds (0: not evaluated).
     eval_episodes: int = 64
     eval_gif_steps: int = 300  # steps of the evaluation episode drawn to eval/episode.gif
+    # The greedy evaluation logged beside each round's training rate (`greedy_success_rate`) steps
+    # as many envs for as many steps as the round's rollouts: on Craftax it costs about as much env
+    # time as the rollouts. Run it every this many rounds (0: never); it changes no training number.
+    greedy_eval_every: int = 1
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
 
     def validate(self) -> None:
@@ -82,6 +86,8 @@ class SkillsConfig:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
         if not 0.0 <= self.restart_prob < 1.0:
             raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: no restarts), got {self.restart_prob}.")
+        if self.greedy_eval_every < 0:
+            raise ConfigError(f"'greedy_eval_every' must be >= 0 (0: no greedy evaluation), got {self.greedy_eval_every}.")
         if self.eval_episodes < 0 or self.eval_gif_steps < 0:
             raise ConfigError(f"'eval_episodes' and 'eval_gif_steps' must be >= 0 (0: none), got "
                               f"{self.eval_episodes} and {self.eval_gif_steps}.")

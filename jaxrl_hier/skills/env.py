@@ -3,8 +3,12 @@
 For a skill S with dependency plan (d_1, ..., d_L) (its dependency closure, in topological order):
 - reward 1 on the step S's success conditions first hold; that step terminates the episode;
 - the observation is `{"obs": base_obs, "expert": j}` where j is the plan position of the first
-  dependency whose success conditions do not hold yet (its frozen expert acts), or L when they all
-  hold (S's own, trainable expert acts): the dependency-gated mixture of experts of Flow-RL.
+  dependency that is still needed and whose success conditions do not hold (its frozen expert
+  acts), or L when none is (S's own, trainable expert acts): the dependency-gated mixture of
+  experts of Flow-RL (`route`). Conditions are read live, so a material a craft spent (a skill
+  that holds while the inventory has one wood) hands control back to the skill that gathers it;
+  but only while a skill that directly requires it is still to be done: once the crafts that
+  need wood are done, wood no longer gates the rest of the chain.
 - per-episode flags, `achievements = (success, reached, restarted, chain_success, fresh_reached)`: `reached` is
   set once S's own expert has had control (every dependency held). A skill is judged on the
   episodes it reached: its frozen dependencies fail on some episodes, and counting those against S
@@ -58,6 +62,8 @@ class SkillParams:
     success: Conditions  # [C]
     plan: Conditions  # [E, C]: the success conditions of each dependency, in plan order
     plan_len: jax.Array  # int32: number of dependencies (the trainable expert's position)
+    # bool[E + 1, E]: row k < E: plan entry k directly requires entry j; row E: the skill itself does
+    needs: jax.Array
     # float32: this skill's restart probability (data, so the scheduler can end a skill's restarts,
     # for the fresh-world phase, without a recompile); only read when the env keeps anchors
     restart_prob: jax.Array = 0.0
@@ -91,11 +97,24 @@ def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
     return jnp.all(row | ~cond.valid, axis=-1)
 
 
-def route(q: jax.Array, plan: Conditions, plan_len: jax.Array) -> jax.Array:
-    """int32: the position of the first of the first `plan_len` skills of `plan` ([E, C] rows)
-    whose conditions do not hold for `q`, or `plan_len` when they all hold: the dependency-gated
-    routing of Flow-RL's mixture of experts (training here, the composed agent in skills.composed)."""
-    unmet = ~conditions_hold(q, plan) & (jnp.arange(plan.index.shape[0]) < plan_len)
+def route(q: jax.Array, plan: Conditions, plan_len: jax.Array, needs: jax.Array) -> jax.Array:
+    """int32: the plan position that acts for the quantity vector `q`: the first of the first
+    `plan_len` skills of `plan` ([E, C] rows, dependencies before the skills that need them) that is
+    still needed and whose conditions do not hold, or `plan_len` when there is none (the served
+    skill's own expert). Used for training here and for the composed agent (skills.composed).
+
+    `needs` (bool[E + 1, E]; row E is the served skill) says which skill directly requires which. An
+    entry is still needed while some skill that directly requires it is still to be done (needed
+    itself and not holding; the served skill always is): a craft's materials are gathered again
+    after an earlier craft spent them, but not once every craft that uses them is done."""
+    n = plan.index.shape[0]
+    holds = conditions_hold(q, plan)
+    active = jnp.arange(n) < plan_len
+    to_do = jnp.zeros(n + 1, bool).at[n].set(True)
+    for j in reversed(range(n)):  # users come after what they require: their to_do is final here
+        needed = active[j] & jnp.any(needs[:, j] & to_do)
+        to_do = to_do.at[j].set(needed & ~holds[j])
+    unmet = to_do[:n]
     return jnp.where(unmet.any(), jnp.argmax(unmet), plan_len).astype(jnp.int32)
 
 
@@ -138,6 +157,17 @@ class SkillEnv(Environment):
                 op[i, j], value[i, j], valid[i, j] = OPS.index(cond.op), cond.value, True
         return Conditions(index, op, value, valid)
 
+    @staticmethod
+    def needs(library: SkillLibrary, plan: Sequence[str], served: str, rows: int | None = None) -> np.ndarray:
+        """bool[rows + 1, rows] for `route`: row k (< len(plan)) marks the plan entries that plan
+        entry k directly requires, row `rows` those that `served` (the skill the plan leads to) does."""
+        rows = len(plan) if rows is None else rows
+        out = np.zeros((rows + 1, rows), bool)
+        for k, user in [*enumerate(plan), (rows, served)]:
+            for dep in library[user].requires:
+                out[k, plan.index(dep)] = True
+        return out
+
     def skill_params(self, library: SkillLibrary, name: str) -> SkillParams:
         plan = library.closure(name)
         if len(plan) > self.max_experts:
@@ -145,7 +175,8 @@ class SkillEnv(Environment):
                              "raise max_experts in the config.")
         success = jax.tree.map(lambda x: x[0], self.conditions([library[name]]))
         deps = self.conditions([library[d] for d in plan], rows=self.max_experts)
-        return SkillParams(success, deps, np.int32(len(plan)), np.float32(self.restart_prob))
+        return SkillParams(success, deps, np.int32(len(plan)), self.needs(library, plan, name, self.max_experts),
+                           np.float32(self.restart_prob))
 
     def params_for(self, base_params: Any, library: SkillLibrary, name: str) -> SkillEnvParams:
         return SkillEnvParams(base_params, self.skill_params(library, name))
@@ -159,7 +190,8 @@ class SkillEnv(Environment):
         none = jax.tree.map(lambda x: x[0].copy(), self.conditions([None]))
         none.op[0], none.value[0], none.valid[0] = OPS.index("<"), -np.inf, True
         plan = self.conditions([], rows=self.max_experts)
-        return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0), np.float32(0.0)))
+        needs = np.zeros((self.max_experts + 1, self.max_experts), bool)
+        return SkillEnvParams(self.base.default_params, SkillParams(none, plan, np.int32(0), needs, np.float32(0.0)))
 
     @staticmethod
     def is_idle(success: Conditions) -> np.ndarray:
@@ -175,7 +207,7 @@ class SkillEnv(Environment):
     def _observe(self, base_obs: Any, state: Any, params: SkillEnvParams) -> tuple[dict, jax.Array, jax.Array]:
         """(observation, success, own): `own` is True when every dependency holds (S's expert acts)."""
         q = self.quantities(state)
-        expert = route(q, params.skill.plan, params.skill.plan_len)
+        expert = route(q, params.skill.plan, params.skill.plan_len, params.skill.needs)
         success = conditions_hold(q, params.skill.success)
         return {"obs": base_obs, "expert": expert}, success, success | (expert == params.skill.plan_len)
 

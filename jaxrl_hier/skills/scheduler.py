@@ -51,7 +51,7 @@ class Trainer(Protocol):
 
     def init(self, key: jax.Array) -> None: ...
     def start(self, slots: dict[int, str], library: SkillLibrary, experts: dict[str, Any], key: jax.Array) -> None: ...
-    def train_round(self, active: list[int] | None = None) -> list: ...
+    def train_round(self, active: list[int] | None = None, greedy_eval: bool = True) -> list: ...
     def expert(self, slot: int) -> Any: ...
     def set_restart_prob(self, slot: int, prob: float) -> None: ...  # kept in the slot's checkpoint
     # Through jaxrl_hier's Checkpointer under `directory` (resume prunes it with one), raising when
@@ -169,7 +169,9 @@ class Scheduler:
             t0 = self.clock()
             self.lock.doing(f"training round {self.state.round + 1} ({', '.join(r.name for r in running)})")
             # only the slots of running skills train: a finished skill's slot costs nothing until reused
-            results = self.trainer.train_round(sorted(r.slot for r in running))
+            every = self.config.greedy_eval_every
+            results = self.trainer.train_round(sorted(r.slot for r in running),
+                                               greedy_eval=every > 0 and (self.state.round + 1) % every == 0)
             elapsed = self.clock() - t0
             self.state.round += 1
             if last_round_s is not None and elapsed > max(5 * last_round_s, 60.0):

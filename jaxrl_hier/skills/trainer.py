@@ -162,9 +162,10 @@ class SkillTrainer:
         """Slots that hold a skill (read from the runner, so it holds after a restore too)."""
         return [int(i) for i in np.flatnonzero(~self.env.is_idle(self.runner.env_params.skill.success))]
 
-    def train_round(self, active: list[int] | None = None) -> list[RoundResult]:
+    def train_round(self, active: list[int] | None = None, greedy_eval: bool = True) -> list[RoundResult]:
         """`updates_per_round` PPO updates of the `active` slots (default: every slot holding a skill)
-        in one compiled program, then a greedy evaluation of each; idle slots take no compute."""
+        in one compiled program, then (if `greedy_eval`) a greedy evaluation of each; idle slots take
+        no compute. The evaluation draws from its own key, so skipping it changes no training number."""
         active = sorted(self.active_slots() if active is None else active)
         if not active:
             return [IDLE] * self.slots
@@ -173,9 +174,12 @@ class SkillTrainer:
         rows = bank_rows(int(plan_len[active].max()), self.config.max_experts)
         sub = self._select(self.runner, idx, rows)
         sub, metrics = self.ppo.update(jax.device_put(sub, self.ppo.shardings(sub)), self.config.updates_per_round)
-        greedy_success, greedy_episodes = self._eval(sub.train_state.params, sub.extra_variables, sub.env_params,
-                                                     jax.vmap(lambda k: jax.random.fold_in(k, 1))(sub.key),
-                                                     self.eval_steps)
+        if greedy_eval:
+            greedy_success, greedy_episodes = self._eval(sub.train_state.params, sub.extra_variables, sub.env_params,
+                                                         jax.vmap(lambda k: jax.random.fold_in(k, 1))(sub.key),
+                                                         self.eval_steps)
+        else:
+            greedy_success = greedy_episodes = np.zeros(len(active), np.int32)
         self.runner = jax.device_put(self._merge(self.runner, sub, idx), self.ppo.shardings(self.runner))
         host = jax.tree.map(np.asarray, metrics)
         greedy_success, greedy_episodes = np.asarray(greedy_success), np.asarray(greedy_episodes)

@@ -83,7 +83,7 @@ class FakeTrainer:
             return 0.1
         return 0.5 if progress < self.learn_rounds else 0.95
 
-    def train_round(self, active=None):
+    def train_round(self, active=None, greedy_eval=True):
         self.rounds += 1
         if self.round_hook is not None:
             self.round_hook(self.rounds)

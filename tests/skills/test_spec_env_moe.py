@@ -123,28 +123,42 @@ def test_skill_env_gates_experts_and_rewards_success():
     env, params = make("TechTree-v0")
     lib = techtree_library()
     senv = SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2)
-    p = senv.params_for(params, lib, "make_wood_pickaxe")  # plan: collect_wood, place_table
+    p = senv.params_for(params, lib, "make_wood_pickaxe")  # plan: collect_wood (holds while wood >= 1), place_table
     assert int(p.skill.plan_len) == 2
     obs, state = senv.reset(jax.random.key(0), p)
     assert int(obs["expert"]) == 0 and obs["obs"].shape == env.observation_space(params).shape
 
-    def with_achievements(*names):
+    def holding(*names, wood=0, stone=0):
         ach = jnp.array([n in names for n in tt.ACHIEVEMENTS])
-        return state.replace(base=state.base.replace(achievements=ach))
+        inv = jnp.zeros(len(tt.ITEMS), jnp.int32).at[tt.WOOD_I].set(wood).at[tt.STONE_I].set(stone)
+        return state.replace(base=state.base.replace(achievements=ach, inventory=inv))
 
     noop = jnp.int32(0)
-    o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood"), noop, p)
+    o, s, r, term, _, _ = senv.step(jax.random.key(1), holding("collect_wood", wood=1), noop, p)
     assert int(o["expert"]) == 1 and float(r) == 0.0 and not bool(term)  # place_table's expert acts
     assert senv.achievements(s).tolist() == [False, False, False, False, False]  # the skill's own expert has not acted yet
-    o, s, r, term, _, _ = senv.step(jax.random.key(1), with_achievements("collect_wood", "place_table"), noop, p)
+    o, s, r, term, _, _ = senv.step(jax.random.key(1), holding("collect_wood", "place_table", wood=1), noop, p)
     assert int(o["expert"]) == 2 and float(r) == 0.0  # all dependencies met: the new expert (position 2)
     assert senv.achievements(s).tolist() == [False, True, False, False, True]  # reached: this episode counts for the skill
-    # A dependency lost again (here: flag cleared) hands control back to its expert; `reached` stays.
-    o, s2, *_ = senv.step(jax.random.key(1), s.replace(base=with_achievements("place_table").base), noop, p)
+    # The table spent the wood: the pickaxe needs wood directly, so control goes back to collect_wood's
+    # expert (conditions are read live); `reached` stays.
+    o, s2, *_ = senv.step(jax.random.key(1), s.replace(base=holding("collect_wood", "place_table").base), noop, p)
     assert int(o["expert"]) == 0 and senv.achievements(s2).tolist() == [False, True, False, False, True]
     o, s, r, term, trunc, _ = senv.step(
-        jax.random.key(1), with_achievements("collect_wood", "place_table", "make_wood_pickaxe"), noop, p)
+        jax.random.key(1), holding("collect_wood", "place_table", "make_wood_pickaxe"), noop, p)
     assert float(r) == 1.0 and bool(term) and not bool(trunc) and senv.achievements(s).tolist() == [True, True, False, True, True]
+
+    # Wood gates only while a craft that directly requires it is still to do: collect_stone (plan:
+    # collect_wood, place_table, make_wood_pickaxe) acts at once with no wood once the pickaxe is made;
+    # make_stone_pickaxe, which spends wood, sends its chain back for some.
+    done = ("collect_wood", "place_table", "make_wood_pickaxe")
+    stone = senv.params_for(params, lib, "collect_stone")
+    o, *_ = senv.step(jax.random.key(1), holding(*done), noop, stone)
+    assert int(o["expert"]) == 3
+    pick = senv.params_for(params, lib, "make_stone_pickaxe")  # plan: ..., collect_stone at position 3
+    for wood, stones, expert in [(0, 1, 0), (1, 0, 3), (1, 1, 4)]:
+        o, *_ = senv.step(jax.random.key(1), holding(*done, "collect_stone", wood=wood, stone=stones), noop, pick)
+        assert int(o["expert"]) == expert, (wood, stones)
 
 
 def test_restarts_resume_from_the_state_where_the_skill_was_reached():
@@ -161,7 +175,8 @@ def test_restarts_resume_from_the_state_where_the_skill_was_reached():
     noop = jnp.int32(0)
     assert not bool(senv.restart(jax.random.key(1), state, p)[2])  # no anchor yet
     ach = jnp.array([n in ("collect_wood", "place_table") for n in tt.ACHIEVEMENTS])
-    reached = state.replace(base=state.base.replace(achievements=ach, timestep=jnp.int32(40)))
+    wood = state.base.inventory.at[tt.WOOD_I].set(1)  # collect_wood holds while there is wood
+    reached = state.replace(base=state.base.replace(achievements=ach, inventory=wood, timestep=jnp.int32(40)))
     _, s, *_ = senv.step(jax.random.key(1), reached, noop, p)  # the own expert takes control: anchor kept
     assert bool(s.has_anchor) and int(s.anchor.timestep) == 41
     for _ in range(3):  # later steps of the episode do not move the anchor
