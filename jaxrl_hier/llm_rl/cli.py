@@ -129,7 +129,7 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     params = merge_lora(params, adapter)
     test = task.problems("test", config.eval_problems, config.seed)
     ev = evaluate_policy(lm, params, None, tokenizer, task, test, max_prompt_length=config.max_prompt_length,
-                         max_new_tokens=config.max_new_tokens)
+                         max_new_tokens=config.max_new_tokens, suppress_tokens=config.suppress_tokens)
     lm.params = params
     if is_primary():
         save_pretrained(lm, params, stage / "model")
@@ -255,6 +255,9 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
         while step < config.total_steps:
             state, metrics, samples = trainer.step(state)
             step += 1
+            if metrics.get("update_skipped"):
+                log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
+                    "the optimiser update was skipped")
             rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
             if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
                 ev = trainer.evaluate(state, test)

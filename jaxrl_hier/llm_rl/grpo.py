@@ -13,7 +13,8 @@
 5. `update`: `num_iterations` optimiser steps over the batch, each accumulating gradients over
    micro-batches, with the clipped loss of `losses.policy_loss` and per-token weights of the
    chosen variant; KL to the reference (the adapter off, or a frozen copy for full fine-tuning)
-   when beta > 0.
+   when beta > 0, the reference scored under the temperature alone (`_ref_logprobs`). A batch with
+   no token in the loss (every group dropped) leaves the weights and optimiser state as they are.
 
 Stages 2-5 are compiled programs and the parameter arrays never leave the device: `update` donates
 the state, so the optimiser writes the new weights into the buffers the sampler reads next step
@@ -197,12 +198,24 @@ class GRPO:
         return parts.loss, (parts, jnp.sum(w * entropy), w.sum())
 
     def _ref_logprobs(self, base: Any, ref: Any, batch: UpdateBatch) -> jax.Array | None:
+        """The reference's log-probs of the completions, under the temperature but no top-k/top-p.
+
+        The policy's nucleus and the reference's differ, so scoring the reference through the
+        sampler's filter gives -inf to every sampled token outside the reference's own top-k/top-p
+        set, and the KL becomes +inf. Unfiltered, the reference gives every token a finite log-prob:
+        the KL is that of the sampling distribution (the policy, filtered) to the reference model's
+        tempered distribution, finite, and above 0 even before the first update when the filter cuts
+        mass. `suppress_tokens` stay: a fixed set, the same for both models, that the sampler can
+        never emit, so they cannot produce -inf; the KL then compares the two on the support the
+        policy is confined to, instead of adding a constant for the reference's mass on tokens the
+        policy can never take.
+        """
         c = self.config
         if c.beta == 0:
             return None
         ref_params = ref if ref is not None else base  # LoRA: the base with the adapter off
         out = completion_logprobs(self.lm, ref_params, None, batch.prompt_ids, batch.prompt_mask, batch.tokens,
-                                  batch.loss_mask > 0, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
+                                  batch.loss_mask > 0, temperature=c.temperature,
                                   suppress_tokens=c.suppress_tokens, group=self.group)
         return jax.lax.stop_gradient(out)
 
@@ -220,19 +233,26 @@ class GRPO:
             return loss, (parts.loss, parts.pg_loss, parts.kl * wsum, parts.clip_frac * wsum, parts.ratio_mean * wsum,
                           ent, wsum)
 
-        def iteration(carry, _):
+        def apply(carry, grads):
             trainable, opt_state = carry
-            grads, stats = accumulate_gradients(micro_loss, trainable, mbs)
             updates, opt_state = self.optimizer.update(grads, opt_state, trainable)
-            trainable = optax.apply_updates(trainable, updates)
-            return (trainable, opt_state), (stats, optax.global_norm(grads))
+            return optax.apply_updates(trainable, updates), opt_state
+
+        # No token in the loss (dynamic sampling dropped every group, or every row was filtered): the
+        # gradient is exactly 0, yet an AdamW step would still move the weights by its momentum.
+        trains = weights.sum() > 0
+
+        def iteration(carry, _):
+            grads, stats = accumulate_gradients(micro_loss, carry[0], mbs)
+            carry = jax.lax.cond(trains, apply, lambda carry, _: carry, carry, grads)
+            return carry, (stats, optax.global_norm(grads))
 
         (trainable, opt_state), (stats, gnorm) = jax.lax.scan(iteration, (state.trainable, state.opt_state), None,
                                                                length=c.num_iterations)
         loss, pg, kl, clip, ratio, ent, wsum = (s[0] for s in stats)  # the first pass: ratio 1 on-policy
         wsum = jnp.maximum(wsum, 1e-12)
         metrics = {"loss": loss, "pg_loss": pg, "kl": kl / wsum, "clip_frac": clip / wsum, "ratio": ratio / wsum,
-                   "entropy": ent / wsum, "grad_norm": gnorm[0]}
+                   "entropy": ent / wsum, "grad_norm": gnorm[0], "update_skipped": 1.0 - trains.astype(jnp.float32)}
         new_state = state.replace(trainable=trainable, opt_state=opt_state, step=state.step + 1)
         return new_state, metrics
 
@@ -342,9 +362,8 @@ class GRPO:
         tokens = float(jax.device_get(rollout.mask).sum())
         out["completion_tokens"] = tokens
         out["tokens_per_s"] = tokens / max(out["time/step"], 1e-9)
-        if "reward/correct" in out:
-            out["accuracy"] = out["reward/correct"] / max(self.config.reward_correct, 1e-12) \
-                if self.config.reward_correct else out["reward/correct"]
+        if "reward/correct" in out:  # the unweighted 0/1 part (rewards.py): the share of correct completions
+            out["accuracy"] = out["reward/correct"]
         return out
 
     def _dynamic(self, state: GRPOState, step: int, key: jax.Array):
@@ -396,7 +415,8 @@ class GRPO:
         params, lora = self.params_and_lora(state)
         return evaluate_policy(self.lm, params, lora, self.tokenizer, self.task, problems,
                                max_prompt_length=self.config.max_prompt_length,
-                               max_new_tokens=self.config.max_new_tokens, batch_size=batch_size)
+                               max_new_tokens=self.config.max_new_tokens, batch_size=batch_size,
+                               suppress_tokens=self.config.suppress_tokens)
 
     def __call__(self, key: jax.Array, on_step: Any = None) -> tuple[GRPOState, list[dict]]:
         """The whole run from `init(key)`; `on_step(state, metrics, samples)` is called after each step."""
@@ -413,25 +433,29 @@ class GRPO:
 _GREEDY: dict[tuple, Any] = {}
 
 
-def _greedy_fn(lm: Any, max_new_tokens: int, eos_id: int, pad_id: int) -> Any:
-    key = (id(lm), max_new_tokens, eos_id, pad_id)
+def _greedy_fn(lm: Any, max_new_tokens: int, eos_id: int, pad_id: int, suppress_tokens: tuple[int, ...]) -> Any:
+    key = (id(lm), max_new_tokens, eos_id, pad_id, suppress_tokens)
     if key not in _GREEDY:
         from jaxrl_hier.llm.sampling import sample_tokens
 
         def fn(params, lora, ids, mask):
             return sample_tokens(lm, params, ids, mask, jax.random.key(0), max_new_tokens=max_new_tokens,
                                  temperature=1.0, top_k=None, top_p=None, eos_ids=(eos_id,), pad_token_id=pad_id,
-                                 lora=lora, greedy=True)
+                                 lora=lora, greedy=True, suppress_tokens=suppress_tokens)
 
         _GREEDY[key] = (lm, jax.jit(fn))
     return _GREEDY[key][1]
 
 
 def evaluate_policy(lm: Any, params: Any, lora: Lora | None, tokenizer: Any, task: Any, problems: Sequence[Any], *,
-                    max_prompt_length: int, max_new_tokens: int, batch_size: int = 128) -> dict:
-    """Greedy-decoding accuracy and format rate of a policy on a list of problems (fixed batch shape)."""
+                    max_prompt_length: int, max_new_tokens: int, batch_size: int = 128,
+                    suppress_tokens: Sequence[int] = ()) -> dict:
+    """Greedy-decoding accuracy and format rate of a policy on a list of problems (fixed batch shape).
+
+    Pass the run's `suppress_tokens`: the policy never emits them while training, so evaluating
+    without them would decode a different policy (the argmax may be a token training never samples)."""
     pad, _, eos = special_ids(tokenizer)
-    fn = _greedy_fn(lm, max_new_tokens, eos, pad)
+    fn = _greedy_fn(lm, max_new_tokens, eos, pad, tuple(suppress_tokens))  # sample_tokens checks the ids
     correct = formed = 0
     texts: list[str] = []
     for start in range(0, len(problems), batch_size):

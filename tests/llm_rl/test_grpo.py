@@ -1,6 +1,7 @@
 """The GRPO trainer on a tiny model: co-location (ratio 1, zero copies), learning, DAPO/Dr.GRPO/LoRA paths."""
 
 import dataclasses
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -10,10 +11,12 @@ import pytest
 import jaxrl_hier  # noqa: F401  (XLA CPU flags)
 from jaxrl_hier.llm import LanguageModel
 from jaxrl_hier.llm_rl.config import GRPOConfig
-from jaxrl_hier.llm_rl.grpo import make_train
+from jaxrl_hier.llm_rl import losses
+from jaxrl_hier.llm_rl.grpo import evaluate_policy, make_train
 from jaxrl_hier.llm_rl.model_setup import build_lora, build_policy
 from jaxrl_hier.llm_rl.sft import SFT, train_sft
 from jaxrl_hier.tasks import build_char_tokenizer, make_task
+from jaxrl_hier.tasks.jax_rewards import decode_completions
 
 BASE = GRPOConfig(task_operators="+", task_digits=1, task_steps=1, model_hidden_size=32, model_layers=1,
                   model_heads=2, model_kv_heads=1, model_intermediate_size=64, max_prompt_length=6,
@@ -69,8 +72,9 @@ def test_colocated_step_ratio_one_zero_copies(warm):
     after = jax.device_get(state.trainable)
     assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before_val)))
     for key in ("reward", "reward/correct", "reward/format", "accuracy", "completion_length", "entropy", "kl",
-                "time/generation", "time/scoring", "time/update", "tokens_per_s", "groups_dropped"):
+                "time/generation", "time/scoring", "time/update", "tokens_per_s", "groups_dropped", "update_skipped"):
         assert key in metrics and np.isfinite(metrics[key]), key
+    assert metrics["update_skipped"] == 0.0
 
 
 def test_full_finetuning_reference_is_a_fused_frozen_copy(warm):
@@ -138,3 +142,72 @@ def test_dr_grpo_with_host_rewards_matches_device_rewards(warm):
     np.testing.assert_array_equal(np.asarray(scan_rollout.tokens), np.asarray(rollout.tokens))
     state, metrics, _ = host.step(state)
     assert np.isfinite(metrics["loss"])
+
+
+def test_reference_scored_without_the_samplers_top_k(warm):
+    """beta > 0 with top_k: through the sampler's filter, a sampled token outside the reference's own
+    top k would score -inf and the KL be +inf. Scored under the temperature alone, the KL is finite and
+    is k3 of the sampler's log-probs against the reference's tempered ones, computed here by hand."""
+    cfg = dataclasses.replace(BASE, beta=0.04, temperature=0.7, top_k=2)
+    ref_lm, _ = build_policy(BASE, warm[3])  # untrained: its top 2 seldom hold the warm policy's tokens
+    trainer = make_train(cfg, fresh_model(warm), warm[3], warm[4], ref_params=ref_lm.params)
+    _, metrics, samples = trainer.step(trainer.init(jax.random.key(5)))
+    r = jax.device_get(samples["rollout"])
+    ids, mask = np.concatenate([r.prompt_ids, r.tokens], 1), np.concatenate([r.prompt_mask, r.mask], 1)
+    # completion token j is predicted at the position before it
+    logits = np.asarray(ref_lm.logits(ref_lm.params, ids, mask), np.float64)[:, r.prompt_ids.shape[1] - 1:-1]
+    logits = logits / cfg.temperature
+    picked = np.take_along_axis(logits, r.tokens[..., None].astype(np.int64), -1)[..., 0]
+    outside = (logits > picked[..., None]).sum(-1) >= cfg.top_k
+    assert np.any(outside & (r.mask > 0))  # the filtered reference would give -inf
+    top = logits.max(-1)
+    ref = picked - top - np.log(np.exp(logits - top[..., None]).sum(-1))
+    d = ref - r.logprobs
+    w = np.asarray(losses.token_weights(jnp.asarray(r.mask), cfg.loss_type, cfg.max_new_tokens))
+    assert np.isfinite(metrics["kl"])
+    np.testing.assert_allclose(metrics["kl"], np.sum(w * (np.exp(d) - d - 1)) / w.sum(), rtol=1e-4)
+
+
+def test_accuracy_is_the_share_of_correct_completions(warm):
+    """reward/correct is the 0/1 part, unweighted: accuracy is it, whatever reward_correct weighs it by."""
+    cfg = dataclasses.replace(BASE, reward_correct=2.0)
+    trainer = make_train(cfg, fresh_model(warm), warm[3], warm[4])
+    _, metrics, samples = trainer.step(trainer.init(jax.random.key(6)))
+    r = samples["rollout"]
+    problems = [p for p in samples["problems"] for _ in range(cfg.num_generations)]
+    share = np.mean([warm[4].is_correct(p, t) for p, t in zip(problems, decode_completions(warm[3], r.tokens, r.mask))])
+    assert share > 0
+    assert metrics["accuracy"] == pytest.approx(share) and metrics["accuracy"] == metrics["reward/correct"]
+
+
+def test_no_update_when_every_group_is_dropped(warm):
+    """Every reward equal: dynamic sampling drops every group, and the step leaves the weights and the
+    AdamW state bit-identical (an update on the zero gradient would still move them by its momentum)."""
+    cfg = dataclasses.replace(BASE, loss_type="dapo", reward_correct=0.0, reward_format=0.0, overlong_buffer=0,
+                              max_sampling_rounds=1)
+    trainer = make_train(cfg, fresh_model(warm), warm[3], warm[4])
+    state = trainer.init(jax.random.key(7))
+    # momentum, as earlier steps leave it
+    ones = jax.tree.map(jnp.ones_like, state.trainable)
+    state = state.replace(opt_state=trainer.optimizer.update(ones, state.opt_state, state.trainable)[1])
+    before = jax.device_get((state.trainable, state.opt_state))
+    state, metrics, _ = trainer.step(state)
+    assert metrics["groups_dropped"] == 1.0 and metrics["update_skipped"] == 1.0
+    after = jax.device_get((state.trainable, state.opt_state))
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(a, b)
+    assert int(state.step) == 1
+
+
+def test_evaluation_decodes_with_the_runs_suppressed_tokens(warm):
+    """The greedy evaluation suppresses what the run's sampler does: the policy's most frequent
+    character, suppressed, never appears in the evaluation's completions."""
+    lm, tok, task = fresh_model(warm), warm[3], warm[4]
+    problems = task.problems("test", 8, 0)
+    plain = evaluate_policy(lm, lm.params, None, tok, task, problems, max_prompt_length=BASE.max_prompt_length,
+                            max_new_tokens=BASE.max_new_tokens, batch_size=8)["completions"]
+    char = Counter("".join(plain).replace(" ", "").replace("\n", "")).most_common(1)[0][0]
+    cfg = dataclasses.replace(BASE, suppress_tokens=(tok.convert_tokens_to_ids(char),))
+    trainer = make_train(cfg, lm, tok, task)
+    out = trainer.evaluate(trainer.init(jax.random.key(0)), problems, batch_size=8)["completions"]
+    assert out != plain and not any(char in t for t in out)
