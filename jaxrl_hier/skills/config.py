@@ -41,6 +41,10 @@ class SkillsConfig:
     # not in a fresh world (see skills.env): a deep skill's own expert then gets most of the steps,
     # not its frozen dependencies. 0: always a fresh world.
     restart_prob: float = 0.0
+    # Truncate a skill's training episode this many steps after its own expert first took control
+    # (0: no cap, the base env's time limit): a stuck attempt then costs the cap, not the rest of the
+    # episode (skills.env). The composed agent is not capped.
+    max_attempt_steps: int = 0
     # With restarts: once a skill with dependencies passes `success_rate_threshold` (most of its
     # episodes restarted from anchors), its restarts stop and it trains on from fresh worlds only,
     # completing when its rate on the fresh-world episodes its own expert reached passes this
@@ -84,6 +88,8 @@ class SkillsConfig:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
         if not 0 <= self.min_skill_timesteps <= self.skill_timesteps:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
+        if self.max_attempt_steps < 0:
+            raise ConfigError(f"'max_attempt_steps' must be >= 0 (0: no cap), got {self.max_attempt_steps}.")
         if not 0.0 <= self.restart_prob < 1.0:
             raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: no restarts), got {self.restart_prob}.")
         if self.greedy_eval_every < 0:

@@ -29,6 +29,12 @@ For a skill S with dependency plan (d_1, ..., d_L) (its dependency closure, in t
   1 - restart_prob of episodes starts fresh and supplies new anchors; the greedy evaluation
   (`skills.trainer`) starts from fresh worlds only. Root skills (no dependencies) never restart.
 
+- attempt cap (`max_attempt_steps` > 0): the episode is truncated once that many steps have passed
+  since S's own expert first took control. Without it a stuck attempt runs to the base env's time
+  limit (on TechTree ~200 of 300 steps), so a deep skill whose chain hands over in a fresh world
+  got one attempt per ~280 env steps; with it, a failed attempt costs the cap, and the rate a skill
+  is judged on is its success within the cap. The composed agent has no cap (skills.composed).
+
 A skill is data (`SkillParams`: quantity indices, operators, thresholds), so one compiled program
 serves any skill, and the skills trained at once differ only in the arrays vmapped over them.
 """
@@ -81,6 +87,7 @@ class SkillEnvState:
     success: jax.Array  # bool: the skill's conditions hold in this state
     reached: jax.Array  # bool: the skill's own expert has had control in this episode
     restarted: jax.Array  # bool: this episode began from an anchor, not from a fresh world
+    attempt_steps: jax.Array  # int32: steps taken since the skill's own expert first took control
     # With restarts only (else None): the base state and observation where the skill's own expert
     # first took control in the latest fresh-world episode, and whether there is one.
     anchor: Any = None
@@ -124,9 +131,12 @@ class SkillEnv(Environment):
     achievement_names = ("success", "reached", "restarted", "chain_success", "fresh_reached")
 
     def __init__(self, base: Environment, quantities: dict[str, QuantityFn], max_experts: int, max_conditions: int,
-                 restart_prob: float = 0.0):
+                 restart_prob: float = 0.0, max_attempt_steps: int = 0):
         if not 0.0 <= restart_prob < 1.0:
             raise SkillError(f"restart_prob must lie in [0, 1), got {restart_prob}.")
+        if max_attempt_steps < 0:
+            raise SkillError(f"max_attempt_steps must be >= 0 (0: no cap), got {max_attempt_steps}.")
+        self.max_attempt_steps = int(max_attempt_steps)
         self.base = base
         self.restart_prob = float(restart_prob)
         # VecEnv asks `restart` before handing out fresh worlds (see Environment.restart).
@@ -215,14 +225,17 @@ class SkillEnv(Environment):
         base_obs, state = self.base.reset(key, params.base)
         obs, success, own = self._observe(base_obs, state, params)
         anchor = (state, base_obs, jnp.bool_(False)) if self.restart is not None else (None, None, None)
-        return obs, SkillEnvState(state, success, own, jnp.bool_(False), *anchor)
+        return obs, SkillEnvState(state, success, own, jnp.bool_(False), jnp.int32(0), *anchor)
 
     def step(self, key: jax.Array, state: SkillEnvState, action: jax.Array, params: SkillEnvParams):
         base_obs, base_state, _, terminated, truncated, info = self.base.step(key, state.base, action, params.base)
         obs, success, own = self._observe(base_obs, base_state, params)
         reward = success.astype(jnp.float32)
-        new = SkillEnvState(base_state, success, state.reached | own, state.restarted,
+        attempt_steps = state.attempt_steps + state.reached.astype(jnp.int32)  # this step was the attempt's
+        new = SkillEnvState(base_state, success, state.reached | own, state.restarted, attempt_steps,
                             state.anchor, state.anchor_obs, state.has_anchor)
+        if self.max_attempt_steps:
+            truncated = truncated | (attempt_steps >= self.max_attempt_steps)
         if self.restart is not None:
             # The first step of a fresh-world episode on which S's own expert takes control.
             capture = own & ~state.reached & ~success & (params.skill.plan_len > 0)
@@ -236,8 +249,8 @@ class SkillEnv(Environment):
         wanted with probability `restart_prob` (see the module docstring)."""
         want = (jax.random.uniform(key) < params.skill.restart_prob) & (params.skill.plan_len > 0)
         obs, success, own = self._observe(final.anchor_obs, final.anchor, params)
-        state = SkillEnvState(final.anchor, success, own, jnp.bool_(True), final.anchor, final.anchor_obs,
-                              final.has_anchor)
+        state = SkillEnvState(final.anchor, success, own, jnp.bool_(True), jnp.int32(0), final.anchor,
+                              final.anchor_obs, final.has_anchor)
         return obs, state, final.has_anchor, want
 
     def observation_space(self, params: SkillEnvParams):

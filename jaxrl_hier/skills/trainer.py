@@ -266,7 +266,7 @@ def skill_env_and_policy(config: SkillsConfig, catalog: SkillLibrary) -> tuple[S
     mixture-of-experts policy of the config's network: what training and the composed agent share."""
     base, base_params = config.make_env()
     env = SkillEnv(base, quantities_for(base, catalog), config.max_experts, config.max_conditions,
-                   config.restart_prob)
+                   config.restart_prob, config.max_attempt_steps)
     ppo = config.ppo_config()
     policy = MoEPolicy(base.action_space(base_params).n, ppo.hidden_size, ppo.num_layers, ppo.activation,
                        config.max_experts, config.moe_dispatch)

@@ -58,6 +58,7 @@ class FakeTrainer:
         self.slot_skill, self.progress = [None] * slots, [0] * slots
         self.starts: list[str] = []
         self.running_sets: list[tuple[str, ...]] = []
+        self.greedy_evals: list[bool] = []  # train_round's greedy_eval flag, round by round
         self.rounds = 0
         self.restored: dict[str, int] = {}
         self._ckpt: Checkpointer | None = None
@@ -85,6 +86,7 @@ class FakeTrainer:
 
     def train_round(self, active=None, greedy_eval=True):
         self.rounds += 1
+        self.greedy_evals.append(greedy_eval)
         if self.round_hook is not None:
             self.round_hook(self.rounds)
         if self.crash_at is not None and self.rounds == self.crash_at:

@@ -381,3 +381,12 @@ def test_fresh_world_phase_ends_restarts_and_waits_for_failures_to_end(tmp_path)
     # 1,000 steps a round: the first fresh round (1.0, the quick successes only) is not counted, the
     # 0.7 rounds keep it training, and it completes on its 0.95 round, not on the early 1.0
     assert [r["success_rate"] for r in rows[first_fresh:]] == [None, 0.7, 0.7, 0.95]
+
+
+def test_greedy_evaluation_runs_every_nth_round(tmp_path):
+    trainer = FakeTrainer()
+    run(tmp_path, trainer, max_rounds=7, greedy_eval_every=3)
+    assert trainer.greedy_evals == [False, False, True, False, False, True, False]
+    never = FakeTrainer()
+    run(tmp_path / "never", never, max_rounds=3, greedy_eval_every=0)
+    assert never.greedy_evals == [False] * 3

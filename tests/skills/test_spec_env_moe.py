@@ -161,6 +161,24 @@ def test_skill_env_gates_experts_and_rewards_success():
         assert int(o["expert"]) == expert, (wood, stones)
 
 
+def test_attempt_cap_truncates_only_the_steps_after_the_hand_over():
+    env, params = make("TechTree-v0")
+    lib = techtree_library()
+    senv = SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2, max_attempt_steps=2)
+    p = senv.params_for(params, lib, "place_table")  # plan: collect_wood
+    _, s = senv.reset(jax.random.key(0), p)
+    noop = jnp.int32(0)
+    for _ in range(3):  # collect_wood's expert acts (no wood): not the attempt, never truncated
+        _, s, _, _, trunc, _ = senv.step(jax.random.key(1), s, noop, p)
+        assert not bool(trunc) and int(s.attempt_steps) == 0
+    s = s.replace(base=s.base.replace(inventory=s.base.inventory.at[tt.WOOD_I].set(1)))
+    truncs = []
+    for _ in range(3):  # the hand-over step, then two steps of place_table's expert: the cap
+        _, s, _, term, trunc, _ = senv.step(jax.random.key(1), s, noop, p)
+        truncs.append((bool(term), bool(trunc), int(s.attempt_steps)))
+    assert truncs == [(False, False, 0), (False, False, 1), (False, True, 2)]
+
+
 def test_restarts_resume_from_the_state_where_the_skill_was_reached():
     # make_wood_pickaxe (plan: collect_wood, place_table) with restarts always taken (prob -> 1).
     from jaxrl_hier.envs import make_vec_env
