@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--ppo-config", default=None, help="a PPO YAML whose fields replace the skills config's ppo")
     p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
+    p.add_argument("--include-running", action="store_true",
+                   help="judge the final composed agent with the running skills' experts too (their latest "
+                        "checkpoint): for a run stopped by max_rounds before its frontier skills completed")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the skills config")
     return p.parse_args(argv)
 
@@ -201,6 +204,10 @@ def table(results: dict, names) -> str:
               f"| skills run | {np.mean(steps):,.0f} | {fmt(*mean_se([r['skills']['wall_s'] for r in results['runs']]), pct=False)} |",
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
               f"{fmt(*mean_se([r['ppo']['wall_s'] for r in results['runs']]), pct=False)} (training only) |"]
+    for r in results["runs"]:
+        s = r["skills"]
+        lines.append(f"\nseed {r['seed']}: composed agent towards {s['target']}; completed: {', '.join(s['completed'])}"
+                     + (f"; still training (latest checkpoint): {', '.join(s['running'])}" if s.get("running") else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -245,11 +252,12 @@ def main(argv=None) -> int:
         run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
         state = load_state(run_dir)
         budget = sum(r.total_steps for r in state.skills)
-        run = load_run(run_dir, run_config, catalog)
+        run = load_run(run_dir, run_config, catalog, args.include_running)
         aim = choose_target(run.library, list(run.experts), run.target)
         comp, plan = build_composition(run.env, run.library, run.experts, aim)
         skills = {"run_dir": str(run_dir), "env_steps": budget, "wall_s": wall, "target": aim, "plan": plan,
-                  "completed": list(run.experts), "skills_total": len(state.skills)}
+                  "completed": [n for n in run.experts if n not in run.running], "running": list(run.running),
+                  "skills_total": len(state.skills)}
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
@@ -259,7 +267,7 @@ def main(argv=None) -> int:
                                 float(sum(skills["sampled"]["achievements"].values()))})
         ppo = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
         runs.append({"seed": seed, "skills": skills, "ppo": ppo})
-        print(f"seed {seed}: skills {budget:,} steps, {len(run.experts)}/{len(state.skills)} skills completed; "
+        print(f"seed {seed}: skills {budget:,} steps, {len(skills['completed'])}/{len(state.skills)} skills completed; "
               f"target {aim} sampled {skills['sampled']['achievements'].get(aim, skills['sampled']['skills'][aim]):.2f}",
               flush=True)
     results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,

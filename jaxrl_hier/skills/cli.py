@@ -212,7 +212,7 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"no skill of {out} has completed yet: there is no composed agent to evaluate.")
     report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,
                           target=args.target, max_steps=args.max_steps, seed=args.seed,
-                          gif_steps=config.eval_gif_steps)
+                          gif_steps=config.eval_gif_steps, include_running=args.include_running)
     print(status_table(state, report))
     print(f"report: {out / 'eval'}")
     return 0
@@ -236,6 +236,8 @@ def parser() -> argparse.ArgumentParser:
                     "target; for 'all' the deepest completed skill)")
     ev.add_argument("--max-steps", type=int, default=None, help="episode length (default: the env's own)")
     ev.add_argument("--seed", type=int, default=None, help="default: the run's seed")
+    ev.add_argument("--include-running", action="store_true", help="also route through the running skills' "
+                    "experts as of the latest checkpoint (a run stopped before its frontier skills completed)")
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")

@@ -247,7 +247,8 @@ def plot_achievements(report: dict, path: Path, title: str) -> None:
 
 def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: Sequence[str],
                  watched: Sequence[str], *, episodes: int, max_steps: int, seed: int, gif_steps: int,
-                 achievement_names: Sequence[str], achievement_rewards: Sequence[float]) -> dict:
+                 achievement_names: Sequence[str], achievement_rewards: Sequence[float],
+                 running: Sequence[str] = ()) -> dict:
     """Evaluate greedy and sampled; write eval/achievements.json, eval/achievements.png and
     eval/episode.gif (the GIF where the env can render). Every file goes through an atomic write."""
     from jaxrl_hier.logging.episode_gif import write_annotated_gif
@@ -256,7 +257,9 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
     report: dict[str, Any] = {"target": plan[-1], "plan": list(plan), "episodes": episodes, "max_steps": max_steps,
-                              "seed": seed, "fresh_worlds": True}
+                              "seed": seed, "fresh_worlds": True,
+                              # skills whose experts were still training (their latest checkpoint)
+                              "running": [s for s in watched if s in running]}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(comp, jax.random.fold_in(key, i), episodes, max_steps, mode == "greedy")
         report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
@@ -289,10 +292,14 @@ class RunAgents(struct.PyTreeNode):
     experts: dict = struct.field(pytree_node=False)  # completed skill -> expert, in the state file's order
     agent: ComposedAgent = struct.field(pytree_node=False)
     target: str = struct.field(pytree_node=False)  # the run's target
+    running: tuple = struct.field(pytree_node=False, default=())  # skills in `experts` that have not completed
 
 
-def load_run(run_dir: Path, config: Any, catalog: SkillLibrary) -> RunAgents:
-    """The completed experts of a run directory and an agent to play them (see `evaluate_run`)."""
+def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running: bool = False) -> RunAgents:
+    """The completed experts of a run directory and an agent to play them (see `evaluate_run`).
+    With `include_running`, the running skills' experts as of the run's latest checkpoint join them
+    (after them, in slot order): a run stopped by `max_rounds` or a time budget is then judged with
+    its frontier skills as far as they got, not as if they had not started."""
     from jaxrl_hier.skills.scheduler import run_library
     from jaxrl_hier.skills.state import load_state
     from jaxrl_hier.skills.trainer import load_expert, skill_env_and_policy
@@ -305,15 +312,33 @@ def load_run(run_dir: Path, config: Any, catalog: SkillLibrary) -> RunAgents:
         raise SkillError(f"{base.name} reports no achievements: the composed agent's report needs them.")
     like = policy.expert_zeros(int(np.prod(base.observation_space(base_params).shape)))
     experts = {r.name: load_expert(run_dir / "skills" / r.dirname, like) for r in state.by_status("completed")}
+    running = sorted(state.by_status("running"), key=lambda r: r.slot)
+    if include_running and running and state.checkpoint_round is not None:
+        experts.update(_running_experts(run_dir, config, catalog, state, running))
+    else:
+        running = []
     return RunAgents(env, base_params, run_library(state, catalog), experts,
-                     ComposedAgent(env, base_params, policy.activation, config.moe_dispatch), state.target)
+                     ComposedAgent(env, base_params, policy.activation, config.moe_dispatch), state.target,
+                     tuple(r.name for r in running))
+
+
+def _running_experts(run_dir: Path, config: Any, catalog: SkillLibrary, state: Any, running: list) -> dict:
+    """name -> trainable expert of each running skill, from the checkpoint that matches the slots."""
+    from jaxrl_hier.skills.trainer import SkillTrainer
+
+    trainer = SkillTrainer(config, catalog)
+    trainer.init(jax.random.key(0))  # the runner's structure, for the restore
+    trainer.restore_checkpoint(Path(run_dir) / "checkpoints", state.checkpoint_round)
+    return {r.name: trainer.expert(r.slot) for r in running}
 
 
 def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes: int, target: str | None = None,
-                 max_steps: int | None = None, seed: int | None = None, gif_steps: int = 300) -> dict:
-    """Evaluate the composed agent of a run directory (its completed skills' experts, routed
-    towards `target`, default the run's) and write its report; see `write_report`."""
-    run = load_run(run_dir, config, catalog)
+                 max_steps: int | None = None, seed: int | None = None, gif_steps: int = 300,
+                 include_running: bool = False) -> dict:
+    """Evaluate the composed agent of a run directory (its completed skills' experts, and with
+    `include_running` its running ones as of the latest checkpoint, routed towards `target`,
+    default the run's) and write its report; see `write_report`."""
+    run = load_run(run_dir, config, catalog, include_running)
     aim = choose_target(run.library, list(run.experts), target or run.target)
     comp, plan = build_composition(run.env, run.library, run.experts, aim)
     base = run.env.base
@@ -321,13 +346,15 @@ def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes:
                         max_steps=max_steps or episode_limit(run.base_params),
                         seed=config.seed if seed is None else seed, gif_steps=gif_steps,
                         achievement_names=tuple(base.achievement_names),
-                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())))
+                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running)
 
 
 def report_lines(report: dict) -> list[str]:
     """A few lines for the terminal: the figures of each mode and the rates of the routed skills."""
     lines = [f"composed agent towards {report['target']}: {report['episodes']} fresh-world episodes of up to "
              f"{report['max_steps']} steps"]
+    if report.get("running"):
+        lines[0] += f" (still training, at their latest checkpoint: {', '.join(report['running'])})"
     for mode in ("greedy", "sampled"):
         r = report[mode]
         score = "n/a" if r["score_percent_of_max"] is None else f"{r['score_percent_of_max']:.1f}%"

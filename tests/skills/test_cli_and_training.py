@@ -181,6 +181,14 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
     lock = (out / "scheduler.lock").read_bytes()
     assert main(["resume", str(out), "ppo.lr=0.01"]) == 2  # refused before the lock or any file is touched
     assert (out / "scheduler.lock").read_bytes() == lock and load_state(out).to_json() == killed.to_json()
+    # The killed run judged with its running skills as far as they got (their experts from the latest
+    # checkpoint): read-only, so the lock and state stay as the kill left them.
+    running = {r.name for r in killed.by_status("running")}
+    assert main(["eval", str(out), "--include-running", "--episodes", "4", "--max-steps", "20"]) == 0
+    partial = json.loads((out / "eval" / "achievements.json").read_text())
+    assert set(partial["running"]) == running and set(partial["plan"]) <= running | set(done_before)
+    assert set(partial["sampled"]["skills"]) == running | set(done_before)
+    assert (out / "scheduler.lock").read_bytes() == lock and load_state(out).to_json() == killed.to_json()
 
     res = subprocess.run(cmd + ["resume", str(out), "--no-progress", "stale_lock_s=600"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
