@@ -62,7 +62,10 @@ def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
                            sft_warmup_steps=config.sft_warmup_steps, max_prompt_length=state_len,
                            max_new_tokens=config.max_new_tokens, seed=config.seed,
                            keep_checkpoints=config.keep_checkpoints, log_every=config.log_every,
-                           sft_checkpoint_every=config.sft_checkpoint_every, eval_problems=config.eval_episodes)
+                           sft_checkpoint_every=config.sft_checkpoint_every, eval_problems=config.eval_episodes,
+                           # the SFT stage's greedy check decodes unfiltered, as before; the guided
+                           # trainer's own evaluation suppresses the special tokens (guided.py)
+                           suppress_tokens=())
 
 
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
