@@ -78,10 +78,10 @@ def run_skills(args, seed: int) -> tuple[Path, float]:
     return out, wall
 
 
-def skills_curve(run_dir: Path, config: SkillsConfig, catalog, key, episodes: int, max_steps: int) -> list[dict]:
-    """The composed agent at each skill's completion: (env steps of all skills by then, summary)."""
-    state = load_state(run_dir)
-    run = load_run(run_dir, config, catalog)
+def skills_curve(run_dir: Path, run, state, key, episodes: int, max_steps: int) -> list[dict]:
+    """The composed agent at each skill's completion: (env steps of all skills by then, summary).
+    `run` and `state` are the run directory's, already loaded (`load_run`, `load_state`): its
+    experts and its agent, whose evaluation is compiled once for the final figures and the curve."""
     rows = {r.name: read_jsonl(run_dir / "skills" / r.dirname / "metrics.jsonl") for r in state.skills}
 
     def steps_by(round_: int) -> int:
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
-        skills["curve"] = skills_curve(run_dir, run_config, catalog, key, args.episodes, max_steps)
+        skills["curve"] = skills_curve(run_dir, run, state, key, args.episodes, max_steps)
         # the whole budget (failed attempts after the last completion included), the final agent
         skills["curve"].append({"env_steps": budget, "skill": "(end of run)", "achievements_per_episode":
                                 float(sum(skills["sampled"]["achievements"].values()))})
