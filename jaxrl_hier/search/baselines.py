@@ -170,16 +170,62 @@ def run_search(runner, net_params, env_params, num_problems: int, seed: int = 0)
 
 
 # ----------------------------------------------------------------------------- MCTS
+#
+# The tree bookkeeping of `mcts` (selection, backup, the leaf a tree without an answer is completed
+# from) runs on the host, one search at a time: `tree` is a host TreeState of one search (or anything
+# with its parent, depth, final, children and num_nodes), `visits` and `value` float arrays [N].
+
+
+def tree_children(tree, node: int) -> list[int]:
+    """The children of `node`, oldest first."""
+    return [k for k in range(1, int(tree.num_nodes)) if tree.parent[k] == node]
+
+
+def uct_score(value: float, visits: float, parent_visits: float, c: float) -> float:
+    """Q + c sqrt(ln N_parent / N_child) of a child with `visits` and summed `value` (the 1e-9 only
+    guards the division: `mcts` backs a new child up at once, so its children have visits >= 1)."""
+    return value / max(visits, 1e-9) + c * math.sqrt(math.log(max(parent_visits, 1)) / max(visits, 1e-9))
+
+
+def select_path(tree, visits: np.ndarray, value: np.ndarray, *, c: float, max_depth: int,
+                max_children: int) -> list[int]:
+    """One simulation's descent: from the root, while the node is fully expanded (max_children),
+    not final and above max_depth, to its child of highest `uct_score` (ties: the oldest). Returns
+    the path root .. the node where it stopped."""
+    path = [0]
+    while True:
+        node = path[-1]
+        if tree.final[node] or tree.depth[node] >= max_depth or tree.children[node] < max_children:
+            return path
+        path.append(max(tree_children(tree, node),
+                        key=lambda k: uct_score(value[k], visits[k], visits[node], c)))
+
+
+def backup(visits: np.ndarray, value: np.ndarray, path: Sequence[int], v: float) -> None:
+    """One visit and the value `v` (the new node's score, or the re-valued leaf's) added to every
+    node on `path`, in place."""
+    for node in path:
+        visits[node] += 1
+        value[node] += v
+
+
+def most_visited_leaf(tree, visits: np.ndarray, value: np.ndarray) -> int:
+    """The leaf reached from the root by the most visited child (ties: the higher summed value,
+    then the oldest): where a tree without a final node is completed from."""
+    node = 0
+    while kids := tree_children(tree, node):
+        node = max(kids, key=lambda k: (visits[k], value[k]))
+    return node
 
 
 def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed: int = 0) -> tuple[Any, dict]:
     """UCT over step actions (see the module docstring); `env` needs max_nodes >= simulations + 1 +
     max_depth (the simulations, then the completion of a tree that holds no answer yet).
 
-    Selection descends from the root by UCT (Q + c sqrt(ln N_parent / N_child)) while the node is
-    fully expanded (max_children) and not final; a node with room gets a new generated child
-    (batched over problems: one compiled call per simulation), whose reward-model score is the
-    value backed up along the path. Final nodes and nodes at max_depth are re-valued, not expanded.
+    Selection (`select_path`) descends from the root by UCT while the node is fully expanded
+    (max_children) and not final; a node with room gets a new generated child (batched over
+    problems: one compiled call per simulation), whose reward-model score is the value backed up
+    along the path (`backup`). Final nodes and nodes at max_depth are re-valued, not expanded.
     """
     expand = jax.jit(jax.vmap(env.generate_child, in_axes=(0, 0, 0, None)))
     reset = jax.vmap(env.reset_to)
@@ -188,55 +234,34 @@ def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed
     visits = np.zeros((num_problems, env.max_nodes))
     value = np.zeros((num_problems, env.max_nodes))
     key = jax.random.key(seed)
+    one = lambda tree, p: jax.tree.map(lambda x: x[p], tree)  # noqa: E731 (one search of a batch)
     for sim in range(simulations):
         host = jax.device_get(states)
-        parent, depth, final, score = host.parent, host.depth, host.final, host.score
-        children, num = host.children, host.num_nodes
-        leaves = np.zeros(num_problems, np.int32)
-        paths = []
-        for p in range(num_problems):
-            node, path = 0, [0]
-            while True:
-                if final[p, node] or depth[p, node] >= env.max_depth or children[p, node] < env.max_children:
-                    break
-                kids = [k for k in range(1, int(num[p])) if parent[p, k] == node]
-                logn = math.log(max(visits[p, node], 1))
-                node = max(kids, key=lambda k: value[p, k] / max(visits[p, k], 1e-9)
-                           + c * math.sqrt(logn / max(visits[p, k], 1e-9)))
-                path.append(node)
-            leaves[p] = node
-            paths.append(path)
-        grow = np.array([not final[p, leaves[p]] and depth[p, leaves[p]] < env.max_depth for p in p_idx])
+        paths = [select_path(one(host, p), visits[p], value[p], c=c, max_depth=env.max_depth,
+                             max_children=env.max_children) for p in p_idx]
+        leaves = np.array([path[-1] for path in paths], np.int32)
+        grow = np.array([not host.final[p, leaves[p]] and host.depth[p, leaves[p]] < env.max_depth for p in p_idx])
         new = jax.device_get(expand(jax.random.split(jax.random.fold_in(key, sim), num_problems), states,
                                     jnp.asarray(leaves), env_params))
         states = jax.tree.map(lambda a, b: jnp.asarray(np.where(grow.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)),
                               new, host)
         for p in p_idx:
             if grow[p]:
-                child = int(num[p])
+                child = int(host.num_nodes[p])
                 paths[p].append(child)
                 v = float(new.score[p, child])
             else:
-                v = float(score[p, leaves[p]])
-            for node in paths[p]:
-                visits[p, node] += 1
-                value[p, node] += v
+                v = float(host.score[p, leaves[p]])
+            backup(visits[p], value[p], paths[p], v)
     # The answer: the final node with the highest score. A tree with no final node yet is completed
     # from its most visited leaf by generating steps until one holds an answer (tokens counted).
     host = jax.device_get(states)
     picked = []
     for p in p_idx:
-        finals = [k for k in range(1, int(host.num_nodes[p])) if host.final[p, k]]
-        if finals:
-            picked.append(max(finals, key=lambda k: host.score[p, k]))
-            continue
-        node = 0
-        while True:
-            kids = [k for k in range(1, int(host.num_nodes[p])) if host.parent[p, k] == node]
-            if not kids:
-                break
-            node = max(kids, key=lambda k: (visits[p, k], value[p, k]))
-        picked.append(node)
+        tree = one(host, p)
+        finals = [k for k in range(1, int(tree.num_nodes)) if tree.final[k]]
+        picked.append(max(finals, key=lambda k: tree.score[k]) if finals
+                      else most_visited_leaf(tree, visits[p], value[p]))
     picked = np.asarray(picked, np.int32)
     for r in range(env.max_depth):
         need = np.array([not host.final[p, picked[p]] and host.depth[p, picked[p]] < env.max_depth
@@ -255,5 +280,6 @@ def mcts(env, env_params, num_problems: int, *, simulations: int, c: float, seed
                                              np.asarray(host.tokens_used), simulations=simulations)
 
 
-__all__ = ["best_of_n", "cot_greedy", "majority_answer", "make_runner", "make_search_runner", "mcts", "run_search",
-           "sample_solutions", "score_solutions", "self_consistency", "summarize"]
+__all__ = ["backup", "best_of_n", "cot_greedy", "majority_answer", "make_runner", "make_search_runner", "mcts",
+           "most_visited_leaf", "run_search", "sample_solutions", "score_solutions", "select_path", "self_consistency",
+           "summarize", "tree_children", "uct_score"]
