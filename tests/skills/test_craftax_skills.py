@@ -10,10 +10,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 import yaml
 
+from jaxrl_hier.config import load_config
+from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import ComposedAgent, build_composition, summarize
-from jaxrl_hier.skills.config import skills_config_from_dict
+from jaxrl_hier.skills.config import SkillsConfig, skills_config_from_dict
 from jaxrl_hier.skills.library import craftax_classic_library
 from jaxrl_hier.skills.trainer import SkillTrainer
 
@@ -47,3 +50,13 @@ def test_craftax_classic_skill_round_and_composed_agent_at_a_tiny_size():
     assert stats.achievements.shape == (2, len(base.achievement_names)) and (stats.length == 8).all()
     report = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts))
     assert report["max_return"] == 22.0 and set(report["skills"]) == {"collect_wood", "place_table"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("skills_*.yaml")))
+def test_every_shipped_skills_config_passes_the_checks_a_run_makes_before_compiling(name):
+    # What `skills run --config` checks first: the keys, the env, the library's quantities against
+    # that env's state, and a target the planner can reach (with the chain it would propose).
+    config = load_config(SkillsConfig, ROOT / "configs" / name, [])
+    catalog = check_config(config)
+    targets = catalog.names if config.target == "all" else (config.target,)
+    assert all(t in catalog for t in targets) and catalog.closure(targets[-1])[0] == "collect_wood"
