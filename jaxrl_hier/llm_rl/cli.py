@@ -63,17 +63,49 @@ def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     return task, policy_tokenizer(config.model_path, "GRPO")
 
 
+#: problems drawn per split to check a procedural task (arithmetic, Countdown), whose pool is too large to list
+CHECK_SAMPLE = 1024
+
+
+def input_pool(task: Any, split: str, seed: int) -> list:
+    """Every problem of `split` when the task's pool is finite (`task.size(split)`: GSM8K files), else
+    CHECK_SAMPLE seeded draws."""
+    size = getattr(task, "size", None)
+    return task.problems(split, size(split) if callable(size) else CHECK_SAMPLE, seed)
+
+
+def _refuse_longer(problems: list, lengths: Any, limit: int, what: str, key: str) -> None:
+    """ConfigError naming how many of `problems` exceed `limit`, the longest one, and the fix."""
+    over = int((lengths > limit).sum())
+    if over:
+        i = int(lengths.argmax())
+        meta = problems[i].meta
+        where = f"{meta['file']}:{meta['line']}" if "file" in meta else repr(problems[i].prompt[:60])
+        raise ConfigError(f"{over} of {len(problems)} {what} are longer than {key}={limit}; the longest ({where}) "
+                          f"has {lengths[i]} tokens: raise {key} to {lengths[i]}.")
+
+
 def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
-    """Prompts and SFT targets must fit the static shapes: checked on a sample before anything compiles."""
-    from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
+    """Prompts, and the SFT stage's targets, must fit the static shapes: checked before anything compiles.
+
+    On every problem of a finite pool: a prompt too long would otherwise stop the run whenever it is
+    drawn, and a target too long would silently lose its answer line and EOS. On CHECK_SAMPLE
+    problems of each split of a procedural task (the SFT stage counts any truncated target it meets
+    in metrics.jsonl as `truncated_targets`)."""
+    from jaxrl_hier.llm_rl.data import completion_lengths, prompt_lengths, special_ids
+    from jaxrl_hier.tasks.base import SPLITS
 
     special_ids(tokenizer)
-    sample = task.problems("train", 64, config.seed) + task.problems("test", 16, config.seed)
-    encode_prompts(tokenizer, [p.prompt for p in sample], config.max_prompt_length)
-    _, _, truncated = encode_completions(tokenizer, [p.target for p in sample], config.max_new_tokens)
-    if truncated:
-        raise ConfigError(f"{truncated} of {len(sample)} sample targets (solution + answer line + EOS) are longer "
-                          f"than max_new_tokens={config.max_new_tokens}; raise max_new_tokens.")
+    pools = {split: input_pool(task, split, config.seed) for split in SPLITS}
+    for split, problems in pools.items():
+        if problems:
+            _refuse_longer(problems, prompt_lengths(tokenizer, [p.prompt for p in problems]),
+                           config.max_prompt_length, f"{split} prompts (BOS included)", "max_prompt_length")
+    # the targets serve the warm-start only, which trains on the train split
+    if config.sft_steps and pools["train"]:
+        train = pools["train"]
+        _refuse_longer(train, completion_lengths(tokenizer, [p.target for p in train]), config.max_new_tokens,
+                       "train targets (solution + answer line + EOS)", "max_new_tokens")
 
 
 def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
@@ -110,12 +142,21 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
             log(f"SFT resumed at step {start}")
         writer = run.log(stage)
         progress = progress_bar(args, config.sft_steps, start, "sft")
+        # targets cut to max_new_tokens since the last record (a record covers log_every steps), and in all;
+        # logged at the first only, as a long-tailed file would cut some at every step
+        truncated = total_truncated = 0
         try:
             for step in range(start + 1, config.sft_steps + 1):
-                batch, _ = sft.batch(step - 1)
-                state, metrics = sft.step(state, batch)
+                state, metrics = sft.train_step(state, step - 1)
+                if metrics["truncated_targets"] and not total_truncated:
+                    log(f"SFT step {step}: {metrics['truncated_targets']} of {config.sft_batch_size} targets are "
+                        f"longer than max_new_tokens={config.max_new_tokens} and lose their end (answer line, "
+                        "EOS); metrics.jsonl counts them as truncated_targets. Raise max_new_tokens.")
+                truncated += metrics["truncated_targets"]
+                total_truncated += metrics["truncated_targets"]
                 if step % config.log_every == 0 or step == config.sft_steps:
                     rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                    rec["truncated_targets"], truncated = float(truncated), 0
                     writer.write({"update": step, "step": step, "time_s": time.perf_counter() - t0, **rec})
                     if progress is not None:
                         progress.set_postfix(loss=f"{rec['loss']:.3f}")
@@ -142,7 +183,8 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
         from jaxrl_hier.io import atomic_write_json
 
         atomic_write_json(done, info)
-    log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}")
+    cut = f"; {total_truncated} targets cut to max_new_tokens={config.max_new_tokens}" if total_truncated else ""
+    log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
     return lm, info
 
 
@@ -295,4 +337,4 @@ def run_sft(args: argparse.Namespace, raw_config: dict) -> int:
     return run_grpo(args, raw_config, algorithm="sft")
 
 
-__all__ = ["run_grpo", "run_sft", "check_inputs", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]
+__all__ = ["run_grpo", "run_sft", "check_inputs", "input_pool", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]

@@ -24,6 +24,10 @@ VARIANT_DEFAULTS = {
                     overlong_buffer=0),
 }
 
+#: the seed of a step's sampling round r is `... + step * ROUND_STRIDE + r` (GRPO.problems_for), so
+#: max_sampling_rounds must stay below it or a step's late rounds would draw the next step's problems
+ROUND_STRIDE = 97
+
 
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -160,6 +164,18 @@ class GRPOConfig:
                 raise ConfigError(f"'{n}' must be > 0, got {getattr(self, n)}.")
         if self.beta is not None and self.beta < 0:
             raise ConfigError(f"beta must be >= 0, got {self.beta}.")
+        # a negative eps_high puts 1 + eps_high below 1 - eps_low: the clip pins every ratio to 1 + eps_high
+        if self.eps_high is not None and self.eps_high < 0:
+            raise ConfigError(f"eps_high must be >= 0 (null: the variant's value, else eps_low), got {self.eps_high}.")
+        # above max_new_tokens the ramp starts below length 0 and penalises every completion; below -1
+        # the buffer is non-zero yet penalises nothing
+        if self.overlong_buffer is not None and not -1 <= self.overlong_buffer <= self.max_new_tokens:
+            raise ConfigError(f"overlong_buffer must be in [-1, max_new_tokens={self.max_new_tokens}] (-1: a quarter "
+                              f"of max_new_tokens, 0: no overlong penalty), got {self.overlong_buffer}.")
+        if self.max_sampling_rounds >= ROUND_STRIDE:
+            raise ConfigError(f"max_sampling_rounds must be in [1, {ROUND_STRIDE - 1}]: the problems of round r of "
+                              f"step s are seeded by s x {ROUND_STRIDE} + r, so {ROUND_STRIDE} or more rounds would "
+                              f"draw the next step's problems; got {self.max_sampling_rounds}.")
         if self.placement == "split" and self.fused_step:
             raise ConfigError("fused_step: true runs on one set of devices; it cannot be combined with placement: split.")
         if self.sft_lora and self.lora_rank == 0:
@@ -174,4 +190,4 @@ class GRPOConfig:
             raise ConfigError("reward_correct, reward_format and overlong_penalty must be >= 0.")
 
 
-__all__ = ["GRPOConfig", "VARIANT_DEFAULTS"]
+__all__ = ["GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]

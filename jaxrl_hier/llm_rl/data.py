@@ -40,6 +40,17 @@ def _ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
+def prompt_lengths(tokenizer: Any, prompts: Sequence[str]) -> np.ndarray:
+    """Each prompt's token count as `encode_prompts` lays it out (BOS included when the tokenizer has one)."""
+    _, bos, _ = special_ids(tokenizer)
+    return np.array([len(ids) + (bos is not None) for ids in _ids(tokenizer, prompts)], np.int64)
+
+
+def completion_lengths(tokenizer: Any, completions: Sequence[str], add_eos: bool = True) -> np.ndarray:
+    """Each completion's token count as `encode_completions` lays it out before truncation (EOS included)."""
+    return np.array([len(ids) + add_eos for ids in _ids(tokenizer, completions)], np.int64)
+
+
 def encode_prompts(tokenizer: Any, prompts: Sequence[str], max_length: int) -> PromptBatch:
     """Left-padded prompt ids (with BOS when the tokenizer has one); a prompt too long is refused."""
     pad, bos, _ = special_ids(tokenizer)
@@ -74,4 +85,5 @@ def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_token
     return ids, mask, truncated
 
 
-__all__ = ["PromptBatch", "special_ids", "encode_prompts", "encode_completions"]
+__all__ = ["PromptBatch", "special_ids", "prompt_lengths", "completion_lengths", "encode_prompts",
+           "encode_completions"]

@@ -39,7 +39,7 @@ from flax import struct
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl import losses
-from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.llm_rl.config import ROUND_STRIDE, GRPOConfig
 from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
 from jaxrl_hier.llm_rl.microbatch import accumulate_gradients, split_rows
 from jaxrl_hier.llm_rl.model_setup import commit_to_mesh, jit_keeping_layout
@@ -278,8 +278,9 @@ class GRPO:
 
     # ------------------------------------------------------------------ host orchestration
     def problems_for(self, step: int, round_: int = 0) -> list[Any]:
-        """The train problems of a step (deterministic in seed, step and sampling round)."""
-        seed = (self.config.seed * 1_000_003 + step * 97 + round_) % (2**31)
+        """The train problems of a step (deterministic in seed, step and sampling round; distinct for
+        every (step, round) since validate() keeps max_sampling_rounds below ROUND_STRIDE)."""
+        seed = (self.config.seed * 1_000_003 + step * ROUND_STRIDE + round_) % (2**31)
         return self.task.problems("train", self.config.prompts_per_step, seed)
 
     def encode(self, problems: Sequence[Any]) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -88,6 +88,13 @@ class SFT:
             self._step = jit_keeping_layout(self._step_impl, state, 1)
         return self._step(state, self.base_params, batch)
 
+    def train_step(self, state: SFTState, step: int) -> tuple[SFTState, dict]:
+        """The update on step `step`'s batch. Its metrics add `truncated_targets`: how many of the batch's
+        targets (with EOS) were longer than max_new_tokens and lost their end (answer line, EOS)."""
+        batch, truncated = self.batch(step)
+        state, metrics = self.step(state, batch)
+        return state, {**metrics, "truncated_targets": truncated}
+
     def params_and_lora(self, state: SFTState) -> tuple[Any, Lora | None]:
         return policy_parts(state.trainable, self.base_params)
 
@@ -95,8 +102,7 @@ class SFT:
 def train_sft(sft: SFT, state: SFTState, until: int, on_step: Any = None) -> SFTState:
     """Run steps state.step .. until-1; `on_step(state, metrics)` after each (logging, checkpoints)."""
     for step in range(int(state.step), until):
-        batch, _ = sft.batch(step)
-        state, metrics = sft.step(state, batch)
+        state, metrics = sft.train_step(state, step)
         if on_step is not None:
             on_step(state, {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()})
     return state

@@ -1,12 +1,15 @@
 """`python -m jaxrl_hier.train --config <grpo yaml>`: bad input exits 2 before compiling; SFT then GRPO
 end to end; --resume gives the same numbers as an uninterrupted run."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 import yaml
 from value_checks import assert_rows_match
 
+from jaxrl_hier.config import ConfigError
 from jaxrl_hier.train import main
 
 TINY = dict(algorithm="grpo", task="arithmetic", task_operators="+", task_digits=1, task_steps=1,
@@ -31,6 +34,7 @@ def write_config(tmp_path, **overrides):
     ("loss_type=ppo", "loss_type"),
     ("micro_batch_size=3", "micro_batch_size=3 must divide"),
     ("micro_batch_size=2", "splits a prompt's group of num_generations=4"),
+    ("max_sampling_rounds=97", "max_sampling_rounds must be in [1, 96]"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"
@@ -38,6 +42,65 @@ def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message)
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err, err
     assert not out.exists()  # nothing written
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("eps_high", -0.01, "eps_high must be >= 0"),  # 1 + eps_high < 1 - eps_low: every ratio pinned
+    ("overlong_buffer", 9, "overlong_buffer must be in [-1, max_new_tokens=8]"),  # every completion penalised
+    ("overlong_buffer", -2, "overlong_buffer must be in [-1, max_new_tokens=8]"),  # silently no penalty
+    ("max_sampling_rounds", 97, "max_sampling_rounds must be in [1, 96]"),  # seeds of the next step's rounds
+])
+def test_loader_refuses_values_out_of_range(key, value, message):
+    from jaxrl_hier.config import ConfigError, build_dataclass
+    from jaxrl_hier.llm_rl.config import GRPOConfig
+
+    raw = {k: v for k, v in TINY.items() if k != "algorithm"}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_dataclass(GRPOConfig, {**raw, key: value})
+    # the ends of each range load
+    for key, value in (("eps_high", 0.0), ("overlong_buffer", -1), ("overlong_buffer", 8),
+                       ("max_sampling_rounds", 96)):
+        build_dataclass(GRPOConfig, {**raw, key: value})
+
+
+def write_gsm8k(path, long_at, long_question=False, long_answer=False):
+    """400 short problems ("<i>?" -> "#### 1"), and at line `long_at` one with a long question or solution."""
+    lines = [{"question": f"{i}?", "answer": "#### 1"} for i in range(400)]
+    if long_question:
+        lines[long_at - 1] = {"question": "5+6+7+8?", "answer": "#### 26"}  # 9 tokens + BOS (train split)
+    if long_answer:
+        lines[long_at - 1] = {"question": "1+2 then?", "answer": "1+2=3\n#### 3"}  # 12 tokens + EOS (train)
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_every_problem_of_a_finite_pool_is_checked(tmp_path, capsys):
+    """One prompt too long among 400 GSM8K problems stops the run with exit 2, naming its line and
+    the length to raise max_prompt_length to (a sample of 80 missed it); with an SFT stage, so does
+    one target too long, which would otherwise lose its answer line and EOS."""
+    from jaxrl_hier.llm_rl.cli import check_inputs
+    from jaxrl_hier.llm_rl.config import GRPOConfig
+    from jaxrl_hier.tasks import build_char_tokenizer, make_task
+
+    data = write_gsm8k(tmp_path / "q.jsonl", 300, long_question=True)
+    train = make_task("gsm8k", path=str(data)).size("train")
+    out = tmp_path / "run"
+    assert main(["--config", str(write_config(tmp_path)), "--output-dir", str(out), "--no-progress", "task=gsm8k",
+                 f"task_path={data}"]) == 2
+    err = capsys.readouterr().err
+    assert f"1 of {train} train prompts (BOS included) are longer than max_prompt_length=6; the longest " \
+           f"({data}:300) has 10 tokens: raise max_prompt_length to 10." in err, err
+    assert not out.exists()
+
+    tok = build_char_tokenizer()
+    config = GRPOConfig(task="gsm8k", task_path="-", max_prompt_length=11, max_new_tokens=8, sft_steps=1)
+    data = write_gsm8k(tmp_path / "a.jsonl", 250, long_answer=True)
+    task = make_task("gsm8k", path=str(data))
+    with pytest.raises(ConfigError, match=re.escape(f"1 of {task.size('train')} train targets (solution + answer "
+                                                    f"line + EOS) are longer than max_new_tokens=8; the longest "
+                                                    f"({data}:250) has 13 tokens: raise max_new_tokens to 13.")):
+        check_inputs(config, task, tok)
+    check_inputs(dataclasses.replace(config, sft_steps=0), task, tok)  # targets serve the SFT stage only
 
 
 def records(path):
@@ -70,3 +133,5 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     resumed = records(part / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     assert_rows_match(resumed, recs, ("reward", "loss", "eval/accuracy", "completion_length"))
+    # the warm-start records how many targets it truncated (none here: check_inputs saw them all fit)
+    assert [r["truncated_targets"] for r in records(full / "sft" / "metrics.jsonl")] == [0.0] * 6

@@ -14,6 +14,7 @@ from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.grpo import evaluate_policy, make_train
 from jaxrl_hier.llm_rl.model_setup import build_lora, build_policy
+from jaxrl_hier.llm_rl.rollout import Rollout
 from jaxrl_hier.llm_rl.sft import SFT, train_sft
 from jaxrl_hier.tasks import build_char_tokenizer, make_task
 from jaxrl_hier.tasks.jax_rewards import decode_completions
@@ -211,3 +212,137 @@ def test_evaluation_decodes_with_the_runs_suppressed_tokens(warm):
     trainer = make_train(cfg, lm, tok, task)
     out = trainer.evaluate(trainer.init(jax.random.key(0)), problems, batch_size=8)["completions"]
     assert out != plain and not any(char in t for t in out)
+
+
+# ---------------------------------------------------------------- DAPO's host-side pieces, by hand
+
+@pytest.fixture(scope="module")
+def untrained():
+    """A random tiny policy: enough to build trainers whose host logic is tested without compiling."""
+    tok = build_char_tokenizer()
+    lm, tok = build_policy(BASE, tok)
+    return lm, tok, make_task("arithmetic", operators="+", digits=1, steps=1)
+
+
+def fake_rounds(trainer, rewards_by_round):
+    """Replace sampling by hand-made rounds: round r's row i has every token 10 + r * 100 + i (no special
+    token) and its problems are named "r<r>p<j>"; returns the list of (step, round) sampled."""
+    calls = []
+
+    def sample_and_score(state, step, round_, key, problems=None):
+        calls.append((step, round_))
+        total = np.asarray(rewards_by_round[round_], np.float32).reshape(-1)
+        rows = np.repeat((10 + round_ * 100 + np.arange(len(total)))[:, None], 3, axis=1).astype(np.int32)
+        zeros = np.zeros_like(rows)
+        rollout = Rollout(zeros, zeros, rows, zeros.astype(np.float32), np.ones_like(rows))
+        names = [f"r{round_}p{j}" for j in range(len(total) // trainer.config.num_generations)]
+        return names, rollout, jnp.asarray(total), {"correct": jnp.asarray(total)}, 0.0, 0.0
+
+    trainer._sample_and_score = sample_and_score
+    return calls
+
+
+def test_dynamic_sampling_drops_equal_groups_and_draws_until_the_batch_is_full(untrained):
+    """3 prompts x 2 completions: groups whose rewards are all equal are dropped, and rounds are drawn
+    until 3 groups are kept; the fourth round allowed is never drawn."""
+    lm, tok, task = untrained
+    cfg = dataclasses.replace(BASE, loss_type="dapo", prompts_per_step=3, num_generations=2, max_sampling_rounds=4)
+    trainer = make_train(cfg, lm, tok, task)
+    calls = fake_rounds(trainer, [[[1, 1], [0, 1], [0, 0]],          # keeps r0p1
+                                  [[0.5, 0.2], [1, 1], [0.3, 0.3]],  # keeps r1p0
+                                  [[0, 1], [1, 0], [2, 2]]])         # keeps r2p0: full (r2p1 is not needed)
+    problems, rollout, total, parts, valid, dropped, _, _ = trainer._dynamic(None, 5, jax.random.key(0))
+    assert calls == [(5, 0), (5, 1), (5, 2)]
+    assert problems == ["r0p1", "r1p0", "r2p0"]
+    np.testing.assert_allclose(np.asarray(total), [0, 1, 0.5, 0.2, 0, 1])
+    np.testing.assert_allclose(np.asarray(parts["correct"]), [0, 1, 0.5, 0.2, 0, 1])
+    np.testing.assert_array_equal(np.asarray(rollout.tokens)[:, 0], [12, 13, 110, 111, 210, 211])  # kept rows
+    np.testing.assert_array_equal(np.asarray(valid), np.ones(6))
+    assert dropped == pytest.approx(5 / 9)  # 2 + 2 + 1 equal groups of the 9 sampled
+
+
+def test_dynamic_sampling_pads_a_short_batch_with_invalid_rows(untrained):
+    """The rounds run out with one group kept: the batch is filled with copies of it marked invalid,
+    which get advantage 0 and no token in the loss."""
+    lm, tok, task = untrained
+    cfg = dataclasses.replace(BASE, loss_type="dapo", prompts_per_step=3, num_generations=2, max_sampling_rounds=2,
+                              overlong_filter=False)  # the fake rows have no EOS
+    trainer = make_train(cfg, lm, tok, task)
+    calls = fake_rounds(trainer, [[[1, 1], [0, 1], [0, 0]], [[1, 1], [0, 0], [3, 3]]])
+    problems, rollout, total, _, valid, dropped, _, _ = trainer._dynamic(None, 0, jax.random.key(0))
+    assert calls == [(0, 0), (0, 1)] and problems == ["r0p1"] * 3
+    np.testing.assert_allclose(np.asarray(total), [0, 1, 0, 1, 0, 1])
+    np.testing.assert_array_equal(np.asarray(valid), [1, 1, 0, 0, 0, 0])
+    assert dropped == pytest.approx(5 / 6)
+    batch = trainer._batch(rollout, total, valid)
+    a = 0.5 / (np.sqrt(0.5) + losses.STD_EPS)  # group [0, 1]: centred -+0.5, unbiased std sqrt(0.5)
+    np.testing.assert_allclose(np.asarray(batch.advantages), [-a, a, 0, 0, 0, 0], rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(batch.loss_mask).sum(axis=1), [3, 3, 0, 0, 0, 0])
+
+
+def test_overlong_filter_takes_truncated_completions_out_of_the_loss_only(untrained):
+    """A completion without EOS (cut at max_new_tokens) leaves the loss under overlong_filter, yet still
+    counts in its group's advantage baseline; without the filter its tokens stay in."""
+    lm, tok, task = untrained
+    eos = tok.eos_token_id
+    tokens = np.array([[5, 6, eos, 0], [5, 6, 7, 8], [eos, 0, 0, 0], [5, 5, 5, 5]], np.int32)
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 1]], np.int32)
+    zeros = np.zeros_like(tokens)
+    rollout = Rollout(zeros, zeros, tokens, zeros.astype(np.float32), mask)
+    total = jnp.array([1.0, 0.0, 0.2, 1.0])
+    # group 0: centred [0.5, -0.5], std sqrt(0.5); group 1: centred [-0.4, 0.4], std sqrt(0.32) (unbiased)
+    adv = [0.5 / (np.sqrt(0.5) + 1e-4), -0.5 / (np.sqrt(0.5) + 1e-4), -0.4 / (np.sqrt(0.32) + 1e-4),
+           0.4 / (np.sqrt(0.32) + 1e-4)]
+    for overlong_filter, kept in ((True, [1, 0, 1, 0]), (False, [1, 1, 1, 1])):
+        cfg = dataclasses.replace(BASE, loss_type="dapo", prompts_per_step=2, num_generations=2,
+                                  overlong_filter=overlong_filter)
+        batch = make_train(cfg, lm, tok, task)._batch(rollout, total, None)
+        np.testing.assert_array_equal(np.asarray(batch.loss_mask), mask * np.array(kept)[:, None])
+        np.testing.assert_allclose(np.asarray(batch.advantages), adv, rtol=1e-5)
+
+
+def test_soft_overlong_penalty_in_the_rewards(untrained):
+    """reward = correct + 0.1 well-formed + length, length 0 up to max_new_tokens - overlong_buffer = 4
+    tokens before EOS, then down to -overlong_penalty = -0.5 at 8: the same on the device and the host."""
+    from jaxrl_hier.llm_rl.data import encode_completions
+    from jaxrl_hier.llm_rl.rewards import make_reward_spec
+
+    _, tok, task = untrained
+    cfg = dataclasses.replace(BASE, overlong_buffer=4, overlong_penalty=0.5).resolved()
+    spec = make_reward_spec(cfg, task, tok)
+    assert spec.names == ("correct", "format", "length")
+    problem = task.make_problem([3, 4], ["+"])  # 3+4=7
+    texts = ["77", "####", "#### 7", "#### 8", "#### 777"]  # 2, 4, 6, 6 and 8 tokens (the last without EOS)
+    length = [0.0, 0.0, -0.25, -0.25, -0.5]
+    total = [0.0, 0.0, 1 + 0.1 - 0.25, 0.1 - 0.25, 0.1 - 0.5]
+    ids, mask, truncated = encode_completions(tok, texts, cfg.max_new_tokens)
+    assert truncated == 1
+    answers = spec.encode_answers([problem] * len(texts))
+    dev_total, dev_parts = jax.jit(spec.jax_fn)(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(answers))
+    host_total, host_parts = spec.py_fn([problem] * len(texts), texts, np.array([2, 4, 6, 6, 8]))
+    for t, parts in ((dev_total, dev_parts), (host_total, host_parts)):
+        np.testing.assert_allclose(np.asarray(parts["length"]), length, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(t), total, atol=1e-6)
+    # DAPO's default buffer (-1) is a quarter of max_new_tokens: 2, so 7 tokens score -0.5 * (7 - 6) / 2
+    dapo = dataclasses.replace(BASE, loss_type="dapo").resolved()
+    assert dapo.overlong_buffer == 2
+    np.testing.assert_allclose(np.asarray(make_reward_spec(dapo, task, tok)._length(jnp.array([6.0, 7.0]), jnp)),
+                               [0.0, -0.5])
+
+
+def test_sft_counts_truncated_targets(untrained):
+    """Each SFT step reports how many of its targets (EOS included) exceed max_new_tokens = 8, instead of
+    dropping the count: "#### 1" (7) and "#### 12" (8) fit, "#### 123" (9) and "1+2=3\\n#### 3" (13) do not."""
+    from jaxrl_hier.tasks import Problem
+
+    class Targets:
+        def problems(self, split, n, seed):
+            return [Problem("1+2=", "3", t) for t in ("#### 1", "#### 12", "#### 123", "1+2=3\n#### 3")] * (n // 4)
+
+    lm, tok, _ = untrained
+    sft = SFT(lm, tok, Targets(), steps=2, batch_size=8, learning_rate=1e-3, warmup_steps=0,
+              max_prompt_length=BASE.max_prompt_length, max_new_tokens=BASE.max_new_tokens)
+    sft.step = lambda state, batch: (state.replace(step=state.step + 1), {"loss": 0.0})  # the update is not tested here
+    seen = []
+    train_sft(sft, sft.init(), 2, on_step=lambda state, metrics: seen.append(metrics))
+    assert [m["truncated_targets"] for m in seen] == [4.0, 4.0]
