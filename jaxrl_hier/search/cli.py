@@ -570,7 +570,7 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
         writer.truncate_after(0)
         try:
             params, history = behaviour_cloning(
-                network, params, demos, steps=config.imitation_steps, batch_size=config.imitation_batch_size,
+                env, network, params, demos, steps=config.imitation_steps, batch_size=config.imitation_batch_size,
                 learning_rate=config.imitation_learning_rate, vf_coef=config.vf_coef, seed=config.seed,
                 on_step=lambda i, m: writer.write({"update": i, "step": i, **m})
                 if i % config.log_every == 0 or i == config.imitation_steps else None)

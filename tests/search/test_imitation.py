@@ -1,5 +1,6 @@
 """Imitation warm-start of the PGTS policy: the demonstration collector records exactly the rule's
-searches (replayed by hand), and behaviour cloning fits a GPS policy that then searches as the rule
+searches (replayed by hand, observations included) in one tree per search rather than one
+observation per action, and behaviour cloning fits a GPS policy that then searches as the rule
 does. A tiny random generator with greedy first children and swap siblings makes every step
 key-independent, so the replay needs no keys."""
 
@@ -12,7 +13,7 @@ import pytest
 
 from jaxrl_hier.networks import GPSActorCritic
 from jaxrl_hier.search.baselines import make_runner, make_search_runner
-from jaxrl_hier.search.imitation import behaviour_cloning, make_demo_collector, threshold_rule
+from jaxrl_hier.search.imitation import behaviour_cloning, demo_observation, make_demo_collector, threshold_rule
 
 from tests.search.test_env import N, setup  # noqa: F401 (the env fixture)
 
@@ -36,7 +37,12 @@ def test_demonstrations_are_the_rules_searches(demos):
     for p in range(2):
         obs, state = env.reset_to(p)
         rewards, actions = [], []
+        tree = jax.tree.map(lambda x: x[p], d.tree)
         while not bool(state.done):
+            # the observation, rebuilt from the final tree and the three numbers kept for the action
+            t = len(actions)
+            rebuilt = demo_observation(env, tree, d.num_nodes[p, t], d.current[p, t], d.tokens_used[p, t])
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), rebuilt, obs)
             actions.append(int(act(RULE, obs, state, None)))
             obs, state, reward, *_ = step(jax.random.key(99), state, actions[-1], params)
             rewards.append(float(reward))
@@ -46,6 +52,7 @@ def test_demonstrations_are_the_rules_searches(demos):
         np.testing.assert_allclose(d.returns[p, :n], np.cumsum(rewards[::-1])[::-1], rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(d.returns[p, n:], 0.0)
         assert bool(d.correct[p]) == bool(state.correct) and int(d.tokens[p]) == int(state.tokens_used)
+        np.testing.assert_array_equal(tree.parent, state.parent)
     # the rule branched where the score was low, and the searches hold more than one path
     assert (d.action[d.valid] == 1).any() and (d.action[d.valid] == 0).any()
 
@@ -54,7 +61,7 @@ def test_behaviour_cloning_makes_a_policy_that_searches_like_the_rule(demos):
     env, params, d = demos
     net = GPSActorCritic(env.num_actions, hidden_size=32, num_layers=1, prior=2.0)
     init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
-    cloned, history = behaviour_cloning(net, init, d, steps=150, batch_size=16, learning_rate=3e-3, seed=0)
+    cloned, history = behaviour_cloning(env, net, init, d, steps=150, batch_size=16, learning_rate=3e-3, seed=0)
     assert history[-1]["accuracy"] == 1.0 and history[-1]["nll"] < 0.1 * history[0]["nll"]
     assert history[-1]["value_loss"] < history[0]["value_loss"]
     rule_states, _ = make_runner(env, threshold_rule(env), STEPS)(RULE, params, jnp.arange(2), jax.random.key(0))
@@ -71,10 +78,25 @@ def test_behaviour_cloning_refuses_demonstrations_it_cannot_learn(demos):
     net = GPSActorCritic(env.num_actions, hidden_size=8, num_layers=1)
     init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
     with pytest.raises(ValueError, match="no valid action"):
-        behaviour_cloning(net, init, d._replace(valid=np.zeros_like(d.valid)), steps=1, batch_size=4,
+        behaviour_cloning(env, net, init, d._replace(valid=np.zeros_like(d.valid)), steps=1, batch_size=4,
                           learning_rate=1e-3)
     # Terminate at the root (before any step) is masked: a demonstration of it cannot be learned
     bad = d.action.copy()
     bad[0, 0] = env.terminate_action
     with pytest.raises(ValueError, match="1 demonstrated actions are masked"):
-        behaviour_cloning(net, init, d._replace(action=bad), steps=1, batch_size=4, learning_rate=1e-3)
+        behaviour_cloning(env, net, init, d._replace(action=bad), steps=1, batch_size=4, learning_rate=1e-3)
+
+
+def test_demonstrations_hold_one_tree_per_search_not_one_observation_per_action(demos):
+    """Memory: a search's demonstration is its final tree and a few numbers per action. Storing each
+    action's observation (every node's hidden state) cost T x max_nodes x hidden floats a search:
+    [512, 73, 12, 128] floats, 245 MB at the defaults, then copied by behaviour cloning."""
+    env, _, d = demos
+    obs, one_tree = env.reset_to(0)
+    for leaf, ref in zip(jax.tree.leaves(d.tree), jax.tree.leaves(one_tree)):
+        assert leaf.shape == (2,) + ref.shape
+    for name in ("num_nodes", "current", "tokens_used", "action", "valid", "returns"):
+        assert getattr(d, name).shape == (2, STEPS)  # one number per action
+    nbytes = lambda tree: sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+    # per search: the tree and 21 bytes an action (4 int32, a bool, a float32), against T observations
+    assert nbytes(d) / 2 == nbytes(one_tree) + 21 * STEPS < 0.5 * STEPS * nbytes(obs)
