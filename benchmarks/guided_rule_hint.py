@@ -35,9 +35,9 @@ def main() -> None:
     from jaxrl_hier.llm import load_pretrained
     from jaxrl_hier.llm_rl.guided import make_env, make_train
     from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+    from jaxrl_hier.runs import load_saved_config
     from jaxrl_hier.tasks import build_char_tokenizer
     from jaxrl_hier.tasks.jax_rewards import decode_completions
-    from jaxrl_hier.train import load_saved_config
 
     cfg = load_saved_config(GuidedConfig, Path(args.run_dir))
     env = make_env(cfg)

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from jaxrl_hier import train
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.runs import load_saved_config
     from jaxrl_hier.search import cli
     from jaxrl_hier.search.config import PGTSConfig
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         if rc:
             return rc
         pipeline_s = time.perf_counter() - tick
-    config = train.load_saved_config(PGTSConfig, run_dir)
+    config = load_saved_config(PGTSConfig, run_dir)
     task, tokenizer = cli.make_task_and_tokenizer(config)
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy

@@ -6,24 +6,24 @@ and before any file of the run directory is written), then loops over compiled c
 `log_every` updates, writing metrics.jsonl, a progress bar, and Orbax checkpoints between them.
 At the end it plots the learning curve and, for Craftax, renders one evaluation episode to a GIF.
 
-The pieces every algorithm's CLI needs are public functions here (`resolve_output_dir`,
-`refuse_existing_run`, `check_resume_changes`, `save_run_config`, `progress_bar`, `is_primary`,
-`sync_processes`); `main` turns ConfigError and CheckpointError into `error: ...` and exit code 2.
+The pieces every algorithm's CLI needs (output directory, resume checks, config.yaml, processes,
+progress bar) live in `jaxrl_hier.runs`; `main` turns ConfigError and CheckpointError into
+`error: ...` and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import math
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass, closest, parse_overrides, read_yaml, to_dict
+from jaxrl_hier.runs import (check_resume_changes, init_distributed, is_primary, load_saved_config, log, progress_bar,
+                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_default.yaml"
 DEFAULT_ALGORITHM = "ppo"
@@ -37,8 +37,8 @@ DEFAULT_ALGORITHM = "ppo"
 #   initialised when set).
 # - Bad input raises ConfigError (or CheckpointError) before anything compiles and before any
 #   file of the run directory is written; `main` prints it and exits 2. A fresh run calls
-#   `refuse_existing_run`, a resume `check_resume_changes` with its own safe keys; config.yaml
-#   is written with `save_run_config` (process 0 only) once every check has passed.
+#   `jaxrl_hier.runs.refuse_existing_run`, a resume `check_resume_changes` with its own safe keys;
+#   config.yaml is written with `save_run_config` (process 0 only) once every check has passed.
 ALGORITHMS: dict[str, str] = {"ppo": "jaxrl_hier.train:run_ppo", "grpo": "jaxrl_hier.llm_rl.cli:run_grpo",
                               "sft": "jaxrl_hier.llm_rl.cli:run_sft", "guided": "jaxrl_hier.llm_rl.guided_cli:run_guided",
                               "pgts": "jaxrl_hier.search.cli:run_pgts"}
@@ -53,9 +53,6 @@ PPO_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "ev
 # Config keys that fix the shapes inside a checkpoint; a resume must match them.
 STRUCTURAL_KEYS = ("env", "num_envs", "num_seeds", "network", "hidden_size", "rnn_hidden_size", "num_layers", "reset_mode",
                    "reset_ratio")
-
-# Files whose presence means a directory already holds a run.
-RUN_FILES = ("config.yaml", "metrics.jsonl")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -76,7 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_intermixed_args(argv)  # overrides may come before or after the flags
 
 
-# ----------------------------------------------------------------------------- shared CLI pieces
+# ----------------------------------------------------------------------------- config and dispatch
 
 
 def load_raw_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
@@ -108,85 +105,6 @@ def saved_algorithm(output_dir: Path) -> str:
     return read_yaml(output_dir / "config.yaml").get("algorithm", DEFAULT_ALGORITHM)
 
 
-def resolve_output_dir(args: argparse.Namespace, name: str) -> Path:
-    """--output-dir, or runs/<name>-<time> for a fresh run."""
-    if args.output_dir is not None:
-        return args.output_dir
-    return Path("runs") / f"{name.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def refuse_existing_run(output_dir: Path) -> None:
-    """A fresh run never appends to, or overwrites, an earlier run's files."""
-    found = [name for name in RUN_FILES if (output_dir / name).exists()]
-    ckpt = output_dir / "checkpoints"
-    if ckpt.is_dir() and any(ckpt.iterdir()):
-        found.append("checkpoints/")
-    if found:
-        raise ConfigError(f"{output_dir} already holds an earlier run ({', '.join(found)}): pass --resume to "
-                          "continue it, or choose another --output-dir.")
-
-
-def check_resume_changes(saved: Any, config: Any, safe_keys: Sequence[str]) -> None:
-    """Refuse a resume whose config differs from the saved one in a key outside `safe_keys`."""
-    for field in dataclasses.fields(config):
-        before, after = getattr(saved, field.name), getattr(config, field.name)
-        if before != after and field.name not in safe_keys:
-            raise ConfigError(
-                f"cannot change '{field.name}' on --resume ({before!r} in the run, {after!r} asked): it changes "
-                f"what the run learns. Keys a resume may change: {', '.join(safe_keys)}. Start a new run with "
-                "another --output-dir to change it."
-            )
-
-
-def load_saved_config(cls: type, output_dir: Path) -> Any:
-    """The config a run directory was started with (its config.yaml without the `algorithm` key)."""
-    raw = read_yaml(output_dir / "config.yaml")
-    raw.pop("algorithm", None)
-    return build_dataclass(cls, raw, source=str(output_dir / "config.yaml"))
-
-
-def save_run_config(path: Path, algorithm: str, config: Any) -> None:
-    """config.yaml with `algorithm` first, atomically, on process 0 only."""
-    import yaml
-
-    from jaxrl_hier.io import atomic_write_text
-
-    if is_primary():
-        atomic_write_text(path, yaml.safe_dump({"algorithm": algorithm, **to_dict(config)}, sort_keys=False))
-
-
-def is_primary() -> bool:
-    """Process 0 writes the run's files; the others only compute (and join Orbax's saves)."""
-    import jax
-
-    return jax.process_index() == 0
-
-
-def sync_processes(name: str) -> None:
-    """A barrier across processes (no-op with one): nobody writes before every process has checked."""
-    import jax
-
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
-def progress_bar(args: argparse.Namespace, total: int, initial: int, desc: str):
-    """A tqdm bar on process 0 (None with --no-progress or on other processes)."""
-    if args.no_progress or not is_primary():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", unit_scale=True, dynamic_ncols=True, desc=desc)
-
-
-def log(message: str) -> None:
-    """A status line on stderr, from process 0 only."""
-    if is_primary():
-        print(message, file=sys.stderr)
-
-
 def check_logging_deps(config) -> None:
     """Optional sinks need their packages; say so before anything compiles."""
     import importlib.util
@@ -194,28 +112,6 @@ def check_logging_deps(config) -> None:
     for enabled, module, extra in ((config.tensorboard, "tensorboardX", "tensorboard"), (config.wandb, "wandb", "wandb")):
         if enabled and importlib.util.find_spec(module) is None:
             raise ConfigError(f"{extra}=true needs the {module} package: pip install -e '.[{extra}]'")
-
-
-def init_distributed() -> None:
-    """jax.distributed.initialize() with JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID
-    when set (JAX itself reads only the first); unset ones are left to its cluster detection
-    (SLURM, Open MPI, TPU pods). CPU processes talk through gloo, JAX's default CPU collectives."""
-    import jax
-
-    kwargs: dict[str, Any] = {}
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        kwargs["coordinator_address"] = os.environ["JAX_COORDINATOR_ADDRESS"]
-    for var, key in (("JAX_NUM_PROCESSES", "num_processes"), ("JAX_PROCESS_ID", "process_id")):
-        if os.environ.get(var):
-            try:
-                kwargs[key] = int(os.environ[var])
-            except ValueError:
-                raise ConfigError(f"{var} must be an integer, got {os.environ[var]!r}.") from None
-    try:
-        jax.distributed.initialize(**kwargs)
-    except ValueError as err:  # nothing set and no cluster detected
-        raise ConfigError(f"--distributed: {err} Set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and "
-                          "JAX_PROCESS_ID, or run under SLURM/MPI.") from None
 
 
 # ----------------------------------------------------------------------------- PPO

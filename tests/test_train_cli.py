@@ -101,7 +101,7 @@ def make_run_dir(path: Path, **changes) -> Path:
     """A run directory as a finished fresh run leaves it (config.yaml, metrics.jsonl), without compiling."""
     from jaxrl_hier.algorithms.ppo import PPOConfig
     from jaxrl_hier.config import load_config
-    from jaxrl_hier.train import save_run_config
+    from jaxrl_hier.runs import save_run_config
 
     config = load_config(PPOConfig, ROOT / "configs" / "ppo_cartpole.yaml", changes)
     save_run_config(path / "config.yaml", "ppo", config)

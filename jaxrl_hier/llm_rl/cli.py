@@ -27,6 +27,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
+                             resolve_output_dir, save_run_config, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_problems", "checkpoint_every",
@@ -118,7 +120,6 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     from jaxrl_hier.llm_rl.grpo import evaluate_policy
     from jaxrl_hier.llm_rl.model_setup import build_lora
     from jaxrl_hier.llm_rl.sft import SFT
-    from jaxrl_hier.train import is_primary, log, progress_bar
 
     stage = out / "sft"
     done = stage / "DONE"
@@ -238,9 +239,6 @@ def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
     """The `grpo` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    from jaxrl_hier.train import (check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                                  refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
-
     config = build_dataclass(GRPOConfig, raw_config, source=getattr(args, "config_source", "config")).resolved()
     if algorithm == "sft" and config.sft_steps < 1:
         raise ConfigError("algorithm: sft needs sft_steps >= 1.")

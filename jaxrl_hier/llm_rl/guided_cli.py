@@ -28,6 +28,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
+                             resolve_output_dir, save_run_config, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GUIDED_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_episodes", "checkpoint_every",
@@ -102,9 +104,6 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
 
 def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     """The `guided` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    from jaxrl_hier.train import (check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                                  refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
-
     config = build_dataclass(GuidedConfig, raw_config, source=getattr(args, "config_source", "config"))
     if args.resume:
         out = args.output_dir

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
+                             resolve_output_dir, save_run_config, sync_processes)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
@@ -46,7 +48,6 @@ def load_finished_run(run_dir: Path) -> tuple[PGTSConfig, Any, Any, Any]:
     """A pipeline run's config, task, tokenizer and SFT generator (RUN/config.yaml, RUN/sft/model), for
     the benchmarks that study a finished run; a bad config.yaml raises ConfigError."""
     from jaxrl_hier.llm import load_pretrained
-    from jaxrl_hier.train import load_saved_config
 
     config = load_saved_config(PGTSConfig, run_dir)
     task, tokenizer = make_task_and_tokenizer(config)
@@ -140,7 +141,6 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
-    from jaxrl_hier.train import is_primary, log
 
     stage = out / "reward_model"
     sft_cfg = dataclasses.replace(config, seed=config.seed + 1, sft_steps=config.rm_sft_steps).sft_config()
@@ -173,7 +173,6 @@ def run_params_stage(stage: Path, target: Any, meta: dict, step: int,
     checkpoint of a run killed before DONE being replaced. Returns (params, summary, was finished)."""
     from jaxrl_hier.checkpointing import Checkpointer
     from jaxrl_hier.io import atomic_write_json
-    from jaxrl_hier.train import is_primary
 
     ckpt = Checkpointer(stage / "checkpoints", keep=1)
     try:
@@ -203,7 +202,6 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
     from jaxrl_hier.logging import MetricsWriter
     from jaxrl_hier.search.reward_model import (RewardModel, evaluate_reward_model, sample_path_data,
                                                 train_reward_model)
-    from jaxrl_hier.train import is_primary, log
 
     stage = out / "reward_model"
     rm = RewardModel(lm)
@@ -398,9 +396,6 @@ def _index(tree: Any, i: int) -> Any:
 
 def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     """The `pgts` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    from jaxrl_hier.train import (check_resume_changes, load_saved_config, log, refuse_existing_run,
-                                  resolve_output_dir, save_run_config, sync_processes)
-
     config = build_dataclass(PGTSConfig, raw_config, source=getattr(args, "config_source", "config"))
     if args.resume:
         out = args.output_dir
@@ -462,7 +457,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     from jaxrl_hier.logging import read_jsonl
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
-    from jaxrl_hier.train import is_primary, log, progress_bar, train_chunk
+    from jaxrl_hier.train import train_chunk
 
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
@@ -548,7 +543,6 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
 
     from jaxrl_hier.logging import MetricsWriter
     from jaxrl_hier.search.imitation import behaviour_cloning, make_demo_collector, threshold_rule
-    from jaxrl_hier.train import is_primary, log
 
     stage = out / "imitation"
 
@@ -603,7 +597,6 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
                    policy: tuple[Any, Any], extra: dict, start_params: Any = None) -> list[dict]:
     """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
-    from jaxrl_hier.train import is_primary, log
 
     stage = out / "eval"
     if (stage / "results.json").is_file():

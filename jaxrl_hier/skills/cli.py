@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
+from jaxrl_hier.runs import is_primary
 from jaxrl_hier.skills.config import SkillsConfig
-from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, is_primary, load_state
+from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
 CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,

@@ -35,10 +35,11 @@ import jax
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.logging.metrics import MetricsWriter
+from jaxrl_hier.runs import is_primary
 from jaxrl_hier.skills.generators import Generator, GeneratorUnavailable, ProposalContext, make_validator
 from jaxrl_hier.skills.spec import Skill, SkillLibrary
 from jaxrl_hier.skills.state import (STATE_FILE, RunLock, SchedulerState, SkillRecord, StateError, crash_point,
-                                     is_primary, load_state, save_state)
+                                     load_state, save_state)
 
 log = logging.getLogger("jaxrl_hier.skills")
 

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
+from jaxrl_hier.runs import is_primary
 
 STATE_FILE = "scheduler_state.json"
 PREV_FILE = "scheduler_state.prev.json"
@@ -73,13 +74,6 @@ crash_hook: Callable[[str], None] = _exit_at_named_point
 
 def crash_point(name: str) -> None:
     crash_hook(name)
-
-
-def is_primary() -> bool:
-    """Process 0 of a (multi-process) JAX run: the one that writes the run directory's files."""
-    import jax
-
-    return jax.process_index() == 0
 
 
 class StateError(ConfigError):

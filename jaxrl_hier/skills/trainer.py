@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
+from jaxrl_hier.runs import is_primary, sync_processes
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.env import SkillEnv
 from jaxrl_hier.skills.moe import MoEPolicy
@@ -307,8 +308,6 @@ def save_expert(directory: Path, expert: dict, meta: dict) -> None:
 
     A leftover from an attempt that crashed before the state file said "completed" is replaced:
     removed by process 0 alone, and every process waits for that before Orbax's (multi-process) save."""
-    from jaxrl_hier.train import is_primary, sync_processes
-
     path = Path(directory) / "expert"
     if path.exists() and is_primary():
         shutil.rmtree(path)

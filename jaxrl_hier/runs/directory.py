@@ -1,0 +1,67 @@
+"""The run directory's identity: where a run goes, whether it may start there, and its config.yaml.
+
+A fresh run gets `--output-dir` or runs/<name>-<time> (`resolve_output_dir`) and is refused in a
+directory that already holds a run (`refuse_existing_run`); a resume is refused when its config
+differs from the saved one outside the algorithm's safe keys (`check_resume_changes` against
+`load_saved_config`). config.yaml is written by `save_run_config` once every check has passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from jaxrl_hier.config import ConfigError, build_dataclass, read_yaml, to_dict
+from jaxrl_hier.io import atomic_write_text
+from jaxrl_hier.runs.process import is_primary
+
+# Files whose presence means a directory already holds a run.
+RUN_FILES = ("config.yaml", "metrics.jsonl")
+
+
+def resolve_output_dir(args: argparse.Namespace, name: str) -> Path:
+    """--output-dir, or runs/<name>-<time> for a fresh run."""
+    if args.output_dir is not None:
+        return args.output_dir
+    return Path("runs") / f"{name.replace(':', '_').replace('/', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def refuse_existing_run(output_dir: Path) -> None:
+    """A fresh run never appends to, or overwrites, an earlier run's files."""
+    found = [name for name in RUN_FILES if (output_dir / name).exists()]
+    ckpt = output_dir / "checkpoints"
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(f"{output_dir} already holds an earlier run ({', '.join(found)}): pass --resume to "
+                          "continue it, or choose another --output-dir.")
+
+
+def check_resume_changes(saved: Any, config: Any, safe_keys: Sequence[str]) -> None:
+    """Refuse a resume whose config differs from the saved one in a key outside `safe_keys`."""
+    for field in dataclasses.fields(config):
+        before, after = getattr(saved, field.name), getattr(config, field.name)
+        if before != after and field.name not in safe_keys:
+            raise ConfigError(
+                f"cannot change '{field.name}' on --resume ({before!r} in the run, {after!r} asked): it changes "
+                f"what the run learns. Keys a resume may change: {', '.join(safe_keys)}. Start a new run with "
+                "another --output-dir to change it."
+            )
+
+
+def load_saved_config(cls: type, output_dir: Path) -> Any:
+    """The config a run directory was started with (its config.yaml without the `algorithm` key)."""
+    raw = read_yaml(output_dir / "config.yaml")
+    raw.pop("algorithm", None)
+    return build_dataclass(cls, raw, source=str(output_dir / "config.yaml"))
+
+
+def save_run_config(path: Path, algorithm: str, config: Any) -> None:
+    """config.yaml with `algorithm` first, atomically, on process 0 only."""
+    if is_primary():
+        atomic_write_text(path, yaml.safe_dump({"algorithm": algorithm, **to_dict(config)}, sort_keys=False))
