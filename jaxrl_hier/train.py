@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass, closest, parse_overrides, read_yaml, to_dict
-from jaxrl_hier.runs import (check_resume_changes, init_distributed, is_primary, load_saved_config, log, progress_bar,
-                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, check_resume_changes, init_distributed, is_primary, load_saved_config, log,
+                             progress_bar, refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_default.yaml"
 DEFAULT_ALGORITHM = "ppo"
@@ -143,7 +143,6 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
     import jax
 
     from jaxrl_hier.algorithms.ppo import make_train
-    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.logging import plot_learning_curve, read_jsonl
 
     trainer = make_train(config)

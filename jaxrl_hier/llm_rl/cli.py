@@ -27,8 +27,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.config import GRPOConfig
-from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
-                             resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
+                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_problems", "checkpoint_every",
@@ -115,7 +115,6 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary."""
     import jax
 
-    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import load_pretrained, merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.grpo import evaluate_policy
     from jaxrl_hier.llm_rl.model_setup import build_lora
@@ -257,7 +256,6 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
 
     import jax
 
-    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.grpo import make_train
     from jaxrl_hier.llm_rl.model_setup import build_lora, build_mesh, build_policy

@@ -28,8 +28,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
-from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
-                             resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
+                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GUIDED_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_episodes", "checkpoint_every",
@@ -128,7 +128,6 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
 
     import jax
 
-    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.llm import merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.cli import run_sft_stage
     from jaxrl_hier.llm_rl.guided import make_train

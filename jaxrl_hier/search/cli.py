@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
-from jaxrl_hier.runs import (check_resume_changes, is_primary, load_saved_config, log, progress_bar, refuse_existing_run,
-                             resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
+                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
@@ -452,7 +452,6 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     import numpy as np
 
     from jaxrl_hier.algorithms.ppo import make_train
-    from jaxrl_hier.checkpointing.resumable import ResumableRun
     from jaxrl_hier.io import atomic_write_text
     from jaxrl_hier.logging import read_jsonl
     from jaxrl_hier.search.baselines import make_search_runner, run_search

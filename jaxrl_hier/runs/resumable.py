@@ -22,14 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from jaxrl_hier.checkpointing.checkpoints import Checkpointer
-
 
 class ResumableRun:
     def __init__(self, directory: str | Path, meta: Mapping[str, Any], *, keep: int, every: int, total: int | None,
                  resume: bool, primary: bool = True):
         """`every`: steps between checkpoints (0: none on the way); `total`: the last step, always
         checkpointed (None: not, for a stage that saves its own result when it ends)."""
+        from jaxrl_hier.checkpointing import Checkpointer  # Orbax loads only when a run starts
+
         self.ckpt = Checkpointer(directory, keep=keep)
         self.meta = dict(meta)
         self.every, self.total, self.resume, self.primary = every, total, resume, primary
