@@ -111,7 +111,7 @@ def make_run_dir(path: Path, **changes) -> Path:
 
 @pytest.mark.parametrize("override", ["total_timesteps=400000", "num_minibatches=2", "update_epochs=2", "seed=3"])
 def test_unsafe_resume_override_exits_2_and_leaves_config_untouched(tmp_path, capsys, override):
-    from jaxrl_hier.train import PPO_RESUME_SAFE_KEYS
+    from jaxrl_hier.algorithms.ppo_cli import PPO_RESUME_SAFE_KEYS
 
     run = make_run_dir(tmp_path / "run")
     before = (run / "config.yaml").read_bytes()
@@ -126,7 +126,7 @@ def test_unsafe_resume_override_exits_2_and_leaves_config_untouched(tmp_path, ca
 
 def test_resume_safe_keys_are_logging_only():
     from jaxrl_hier.algorithms.ppo import PPOConfig
-    from jaxrl_hier.train import PPO_RESUME_SAFE_KEYS
+    from jaxrl_hier.algorithms.ppo_cli import PPO_RESUME_SAFE_KEYS
 
     fields = {f.name for f in __import__("dataclasses").fields(PPOConfig)}
     assert set(PPO_RESUME_SAFE_KEYS) <= fields
@@ -165,7 +165,7 @@ def test_unknown_algorithm_exits_2(tmp_path, capsys):
 def test_algorithm_cannot_change_on_resume(tmp_path, capsys, monkeypatch):
     import jaxrl_hier.train as train
 
-    monkeypatch.setitem(train.ALGORITHMS, "other", "jaxrl_hier.train:run_ppo")
+    monkeypatch.setitem(train.ALGORITHMS, "other", "jaxrl_hier.algorithms.ppo_cli:run_ppo")
     run = make_run_dir(tmp_path / "run")
     assert main(["--resume", "--output-dir", str(run), "algorithm=other"]) == 2
     assert "cannot change 'algorithm' on --resume" in capsys.readouterr().err

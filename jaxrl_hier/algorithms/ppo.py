@@ -6,6 +6,7 @@ Reads top to bottom like PureJaxRL's ``ppo.py``:
     runner = train.init(key)        # params, optimiser state, env states, RNG, counters
     runner, metrics = train.update(runner, num_updates)   # one compiled chunk of updates
     runner, metrics = train(key)    # or: the whole run as one program
+    runner, record, seconds = train_chunk(train, runner, n)   # a chunk as one host record (the CLIs)
 
 Layout. Every array in the runner state has a leading seed axis (``num_seeds`` independent runs
 vmapped in one program). Environment arrays then have a shard axis: the ``num_envs`` envs are
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -583,3 +585,26 @@ def metrics_to_records(metrics: dict, achievement_names: tuple[str, ...], seed_i
                 rec[f"achievement/{name}"] = float(rates[i]) if rates is not None else math.nan
         records.append(rec)
     return records
+
+
+def train_chunk(trainer, runner, n: int) -> tuple[Any, dict, float]:
+    """`n` PPO updates in one compiled call: (runner, one record for the chunk, seconds it took)."""
+    tick = time.perf_counter()
+    runner, metrics = trainer.update(runner, n)
+    metrics = jax.block_until_ready(metrics)
+    elapsed = time.perf_counter() - tick
+    return runner, _merge_chunk(metrics_to_records(metrics, trainer.achievement_names)), elapsed
+
+
+def _merge_chunk(all_records: list[dict]) -> dict:
+    """One record per chunk: losses of the last update, episode statistics over the whole chunk
+    (episodes are sparse per update, so averaging over the chunk is the less noisy figure)."""
+    episodes = [r.get("episodes") or 0.0 for r in all_records]
+    total = sum(episodes)
+    out = dict(all_records[-1])
+    for key in out:
+        if key == "episode_return" or key == "episode_length" or key.startswith("achievement/"):
+            vals = [(r[key], w) for r, w in zip(all_records, episodes) if w and not math.isnan(r[key])]
+            out[key] = sum(v * w for v, w in vals) / total if total else math.nan
+    out["episodes"] = total
+    return out

@@ -451,12 +451,11 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     import jax
     import numpy as np
 
-    from jaxrl_hier.algorithms.ppo import make_train
+    from jaxrl_hier.algorithms.ppo import make_train, train_chunk
     from jaxrl_hier.io import atomic_write_text
     from jaxrl_hier.logging import read_jsonl
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
-    from jaxrl_hier.train import train_chunk
 
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
