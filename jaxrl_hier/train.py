@@ -32,7 +32,8 @@ DEFAULT_ALGORITHM = "ppo"
 # - Bad input raises ConfigError (or CheckpointError) before anything compiles and before any
 #   file of the run directory is written; `main` prints it and exits 2. A fresh run calls
 #   `jaxrl_hier.runs.refuse_existing_run`, a resume `check_resume_changes` with its own safe keys;
-#   config.yaml is written with `save_run_config` (process 0 only) once every check has passed.
+#   config.yaml is written through `RunConfigFile` (process 0 only): a fresh run's once every check
+#   has passed, a resumed run's only once its checkpoint is restored.
 ALGORITHMS: dict[str, str] = {"ppo": "jaxrl_hier.algorithms.ppo_cli:run_ppo", "grpo": "jaxrl_hier.llm_rl.cli:run_grpo",
                               "sft": "jaxrl_hier.llm_rl.cli:run_sft", "guided": "jaxrl_hier.llm_rl.guided_cli:run_guided",
                               "pgts": "jaxrl_hier.search.cli:run_pgts"}

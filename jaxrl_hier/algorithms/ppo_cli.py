@@ -24,8 +24,8 @@ import time
 
 from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, train_chunk
 from jaxrl_hier.config import ConfigError, build_dataclass, to_dict
-from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
 
 # PPOConfig keys a resume may change: they touch logging, outputs and checkpoint retention only,
 # never what is learned. Every other key is refused on resume: total_timesteps, num_minibatches
@@ -78,15 +78,16 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
     runner = trainer.init(jax.random.PRNGKey(config.seed))
     total = config.num_updates
     steps_per_update = config.steps_per_update
+    # Every check passed: the run directory's files change only once the checkpoint is restored.
+    config_file = RunConfigFile(output_dir, "ppo", config, resume=args.resume)
     with ResumableRun(output_dir / "checkpoints", checkpoint_meta(trainer), keep=config.keep_checkpoints,
-                      every=config.checkpoint_every, total=total, resume=args.resume, primary=primary) as run:
+                      every=config.checkpoint_every, total=total, resume=args.resume, primary=primary,
+                      config_file=config_file) as run:
         runner, start = run.restore(runner)
         if start:
             log(f"resumed {output_dir} at update {start}")
         elif args.resume:
             log(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch")
-        # Every check passed (the checkpoint is restored): only now the run directory's files change.
-        save_run_config(output_dir / "config.yaml", "ppo", config)
         writer = run.log(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
                          wandb_project=config.wandb_project, config=to_dict(config))
         progress = progress_bar(args, total * steps_per_update, start * steps_per_update, config.env)

@@ -27,8 +27,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.config import GRPOConfig
-from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_problems", "checkpoint_every",
@@ -111,8 +111,9 @@ def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
 
 
 def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
-                  mesh: Any) -> tuple[Any, dict]:
-    """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary."""
+                  mesh: Any, config_file: RunConfigFile | None = None) -> tuple[Any, dict]:
+    """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary.
+    `config_file`: the run's config.yaml, written once the stage's checkpoint is restored."""
     import jax
 
     from jaxrl_hier.llm import load_pretrained, merge_lora, save_pretrained
@@ -136,7 +137,8 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
     state = sft.init()
     t0 = time.perf_counter()
     with ResumableRun(stage / "checkpoints", {"stage": "sft"}, keep=config.keep_checkpoints,
-                      every=config.sft_checkpoint_every, total=None, resume=True, primary=is_primary()) as run:
+                      every=config.sft_checkpoint_every, total=None, resume=True, primary=is_primary(),
+                      config_file=config_file) as run:
         state, start = run.restore(state)
         if start:
             log(f"SFT resumed at step {start}")
@@ -264,11 +266,13 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     mesh = build_mesh(config)
     lm, tokenizer = build_policy(config, tokenizer, mesh=mesh)
     sync_processes("jaxrl_hier.llm_rl:checked")
-    save_run_config(out / "config.yaml", algorithm, config)
+    # config.yaml: a fresh run's now, a resumed run's once the warm-start's or the GRPO stage's checkpoint is restored
+    config_file = RunConfigFile(out, algorithm, config, resume=args.resume)
+    config_file.checked()
     t0 = time.perf_counter()
     sft_info: dict = {}
     if config.sft_steps:
-        lm, sft_info = run_sft_stage(config, args, out, lm, tokenizer, task, mesh)
+        lm, sft_info = run_sft_stage(config, args, out, lm, tokenizer, task, mesh, config_file)
     if algorithm == "sft":
         return 0
 
@@ -279,7 +283,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     meta = {"stage": "grpo", "lora_rank": config.lora_rank, "loss_type": config.loss_type}
     primary = is_primary()
     with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
-                      total=config.total_steps, resume=args.resume, primary=primary) as run:
+                      total=config.total_steps, resume=args.resume, primary=primary, config_file=config_file) as run:
         state, start = run.restore(state)
         if start:
             log(f"GRPO resumed at step {start}")

@@ -28,8 +28,8 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
-from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GUIDED_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_episodes", "checkpoint_every",
@@ -151,11 +151,14 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             raise ConfigError(f"the {name} model has {model.config.max_position_embeddings} positions but states "
                               f"({S} tokens) plus utterances ({config.max_new_tokens}) need {S + config.max_new_tokens}.")
     sync_processes("jaxrl_hier.llm_rl.guided:checked")
-    save_run_config(out / "config.yaml", "guided", config)
+    # config.yaml: a fresh run's now, a resumed run's once the warm-start's or the agent's checkpoint is restored
+    config_file = RunConfigFile(out, "guided", config, resume=args.resume)
+    config_file.checked()
     t0 = time.perf_counter()
     sft_info: dict = {}
     if config.sft_steps:
-        lm, sft_info = run_sft_stage(_sft_settings(config, S), args, out, lm, tokenizer, WarmStartTask(env), mesh)
+        lm, sft_info = run_sft_stage(_sft_settings(config, S), args, out, lm, tokenizer, WarmStartTask(env), mesh,
+                                     config_file)
 
     agent = make_train(config, env, lm, tokenizer, guidance_lm=guidance_lm)
     state = agent.init(jax.random.key(config.seed))
@@ -164,7 +167,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     test = lambda: env.reset("test", config.eval_episodes, config.seed)  # noqa: E731
     primary = is_primary()
     with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
-                      total=config.iterations, resume=args.resume, primary=primary) as run:
+                      total=config.iterations, resume=args.resume, primary=primary, config_file=config_file) as run:
         state, start = run.restore(state)
         if start:
             log(f"guided agent resumed at iteration {start}")

@@ -3,7 +3,9 @@
 A fresh run gets `--output-dir` or runs/<name>-<time> (`resolve_output_dir`) and is refused in a
 directory that already holds a run (`refuse_existing_run`); a resume is refused when its config
 differs from the saved one outside the algorithm's safe keys (`check_resume_changes` against
-`load_saved_config`). config.yaml is written by `save_run_config` once every check has passed.
+`load_saved_config`). config.yaml is written through `RunConfigFile`: a fresh run's once every
+check has passed, a resumed run's only once its checkpoint is restored, so that a refused restore
+leaves the file as it was.
 """
 
 from __future__ import annotations
@@ -65,3 +67,27 @@ def save_run_config(path: Path, algorithm: str, config: Any) -> None:
     """config.yaml with `algorithm` first, atomically, on process 0 only."""
     if is_primary():
         atomic_write_text(path, yaml.safe_dump({"algorithm": algorithm, **to_dict(config)}, sort_keys=False))
+
+
+class RunConfigFile:
+    """A run's config.yaml, written when it is safe to: `checked()` when every input check has
+    passed, `restored()` when the checkpoint the run continues from is restored (ResumableRun calls
+    it). A fresh run writes at the first of the two (so a run killed in its first stage can be
+    resumed), a resumed run only at `restored()`: a refused restore leaves config.yaml as it was,
+    and a good one records the keys the resume changed. Written once, by process 0."""
+
+    def __init__(self, output_dir: Path, algorithm: str, config: Any, *, resume: bool):
+        self.path, self.algorithm, self.config, self.resume = output_dir / "config.yaml", algorithm, config, resume
+        self.saved = False
+
+    def checked(self) -> None:
+        if not self.resume:
+            self._save()
+
+    def restored(self) -> None:
+        self._save()
+
+    def _save(self) -> None:
+        if not self.saved:
+            save_run_config(self.path, self.algorithm, self.config)
+            self.saved = True

@@ -14,7 +14,8 @@ Rows logged after the latest checkpoint are replayed on resume, so `log` drops t
 carry their step as `update`); a step is logged before it is checkpointed, so no row is lost.
 Checkpoints are saved by every process (Orbax coordinates a multi-process save); logs are written
 by process 0 only (`primary`). `restore` comes before `log` so that a refused restore (a checkpoint
-of another run's shapes) has changed no file of the run.
+of another run's shapes) has changed no file of the run; the run's config.yaml (`config_file`, a
+`RunConfigFile`) is written only once `restore` has succeeded.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from jaxrl_hier.runs.directory import RunConfigFile
+
 
 class ResumableRun:
     def __init__(self, directory: str | Path, meta: Mapping[str, Any], *, keep: int, every: int, total: int | None,
-                 resume: bool, primary: bool = True):
+                 resume: bool, primary: bool = True, config_file: RunConfigFile | None = None):
         """`every`: steps between checkpoints (0: none on the way); `total`: the last step, always
-        checkpointed (None: not, for a stage that saves its own result when it ends)."""
+        checkpointed (None: not, for a stage that saves its own result when it ends); `config_file`:
+        the run's RunConfigFile, told when the restore succeeded (None: a stage that writes none)."""
         from jaxrl_hier.checkpointing import Checkpointer  # Orbax loads only when a run starts
 
         self.ckpt = Checkpointer(directory, keep=keep)
         self.meta = dict(meta)
         self.every, self.total, self.resume, self.primary = every, total, resume, primary
+        self.config_file = config_file
         self.start = 0
         self._writers: list[Any] = []
 
@@ -42,6 +47,8 @@ class ResumableRun:
         if latest is not None:
             state, _ = self.ckpt.restore(latest, state, expect=self.meta)
             self.start = latest
+        if self.config_file is not None:
+            self.config_file.restored()
         return state, self.start
 
     def log(self, directory: str | Path, filename: str = "metrics.jsonl", **kwargs: Any):

@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
-from jaxrl_hier.runs import (ResumableRun, check_resume_changes, is_primary, load_saved_config, log, progress_bar,
-                             refuse_existing_run, resolve_output_dir, save_run_config, sync_processes)
+from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
@@ -419,19 +419,22 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     mesh = build_mesh(sft_cfg)
     lm, tokenizer = build_policy(sft_cfg, tokenizer, mesh=mesh)
     sync_processes("jaxrl_hier.search:checked")
-    save_run_config(out / "config.yaml", "pgts", config)
+    # config.yaml: a fresh run's now, a resumed run's once the warm-start's or the PPO stage's checkpoint is restored
+    config_file = RunConfigFile(out, "pgts", config, resume=args.resume)
+    config_file.checked()
     t0 = time.perf_counter()
     times: dict[str, float] = {}
     sft_info: dict = {}
     if config.sft_steps:
         tick = time.perf_counter()
-        lm, sft_info = run_sft_stage(sft_cfg, args, out, lm, tokenizer, task, mesh)
+        lm, sft_info = run_sft_stage(sft_cfg, args, out, lm, tokenizer, task, mesh, config_file)
         times["sft_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
     rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task, args)
     times["reward_model_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
-    runner_fn, net_params, start_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task)
+    runner_fn, net_params, start_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task,
+                                                        config_file)
     times["ppo_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
     rows = run_eval_stage(config, out, lm, rm, rm_params, tokenizer, task, (runner_fn, net_params),
@@ -446,8 +449,9 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
 
 
 def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: Any, rm: Any, rm_params: Any,
-                  tokenizer: Any, task: Any) -> tuple[Any, Any]:
-    """Train the GPS policy with PPO on the search env (resumable); returns (search runner, network params)."""
+                  tokenizer: Any, task: Any, config_file: RunConfigFile | None = None) -> tuple[Any, Any]:
+    """Train the GPS policy with PPO on the search env (resumable); returns (search runner, network params).
+    `config_file`: the run's config.yaml, written once the stage's checkpoint is restored."""
     import jax
     import numpy as np
 
@@ -479,7 +483,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     primary = is_primary()
     # A stage of the pipeline: it always goes on from its latest checkpoint.
     with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
-                      total=total, resume=True, primary=primary) as run:
+                      total=total, resume=True, primary=primary, config_file=config_file) as run:
         runner, start = run.restore(runner)
         if start:
             log(f"PGTS PPO resumed at update {start}")

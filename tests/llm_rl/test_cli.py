@@ -4,6 +4,7 @@ end to end; --resume gives the same numbers as an uninterrupted run."""
 import dataclasses
 import json
 import re
+import shutil
 
 import pytest
 import yaml
@@ -101,6 +102,38 @@ def test_every_problem_of_a_finite_pool_is_checked(tmp_path, capsys):
                                                     f"({data}:250) has 13 tokens: raise max_new_tokens to 13.")):
         check_inputs(config, task, tok)
     check_inputs(dataclasses.replace(config, sft_steps=0), task, tok)  # targets serve the SFT stage only
+
+
+@pytest.mark.parametrize("algorithm, stage", [("grpo", "checkpoints"), ("sft", "sft/checkpoints")])
+def test_refused_restore_leaves_config_yaml_unchanged(tmp_path, capsys, algorithm, stage):
+    """A resume whose checkpoint is refused (one of another run, in the GRPO stage or the warm-start's)
+    leaves config.yaml byte-identical, though it asks for a logging-only change; once the checkpoint
+    is good, the resume goes through and records the change."""
+    import numpy as np
+
+    from jaxrl_hier.checkpointing import Checkpointer
+    from jaxrl_hier.config import build_dataclass
+    from jaxrl_hier.llm_rl.config import GRPOConfig
+    from jaxrl_hier.runs import save_run_config
+
+    out = tmp_path / "run"
+    raw = {k: v for k, v in TINY.items() if k != "algorithm"}
+    if algorithm == "grpo":
+        raw["sft_steps"] = 0  # the run is in its GRPO stage from the start
+    save_run_config(out / "config.yaml", algorithm, build_dataclass(GRPOConfig, raw).resolved())
+    ckpt = Checkpointer(out / stage, asynchronous=False)
+    ckpt.save(2, {"x": np.zeros(2, np.float32)}, {"stage": "another run"})
+    ckpt.close()
+    before = (out / "config.yaml").read_bytes()
+    resume = ["--resume", "--output-dir", str(out), "--no-progress", "keep_checkpoints=5"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert "does not match this run: stage is 'another run' in the checkpoint" in err, err
+    assert (out / "config.yaml").read_bytes() == before
+    if algorithm == "sft":  # the warm-start alone is cheap enough to finish
+        shutil.rmtree(out / stage)
+        assert main(resume) == 0
+        assert yaml.safe_load((out / "config.yaml").read_text())["keep_checkpoints"] == 5
 
 
 def records(path):
