@@ -16,7 +16,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.linen.initializers import constant, orthogonal
+from flax.linen.initializers import constant
+
+from jaxrl_hier.networks.init import orthogonal
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 # Large but finite: -inf would make the entropy (0 * -inf) and the log-ratio of PPO NaN.

@@ -29,9 +29,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.linen.initializers import constant, orthogonal
+from flax.linen.initializers import constant
 
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS, policy, split_obs
+from jaxrl_hier.networks.init import orthogonal
 
 
 def _dense(features: int, scale: float = np.sqrt(2)) -> nn.Dense:

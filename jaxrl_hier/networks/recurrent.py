@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS, MLPTrunk, _dense, policy, split_obs
+from jaxrl_hier.networks.init import orthogonal
 
 
 class ScannedGRU(nn.Module):
@@ -35,7 +36,8 @@ class ScannedGRU(nn.Module):
     def __call__(self, hidden: jax.Array, x: tuple[jax.Array, jax.Array]):
         inputs, reset = x
         hidden = jnp.where(reset[..., None], jnp.zeros_like(hidden), hidden)
-        hidden, out = nn.GRUCell(self.features)(hidden, inputs)
+        # flax's own recurrent init, made safe under vmap (networks.init: a batched QR can deadlock XLA:CPU)
+        hidden, out = nn.GRUCell(self.features, recurrent_kernel_init=orthogonal())(hidden, inputs)
         return hidden, out
 
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+from jaxrl_hier.networks.init import orthogonal
 
 Layers = list  # [{"kernel": [din, dout], "bias": [dout]}, ...] (stacked: a leading expert axis)
 
@@ -49,7 +50,7 @@ def init_mlp(key: jax.Array, sizes: list[int], out_scale: float) -> Layers:
     layers = []
     for i, (k, din, dout) in enumerate(zip(keys, sizes[:-1], sizes[1:])):
         scale = out_scale if i == len(sizes) - 2 else math.sqrt(2)
-        layers.append({"kernel": jax.nn.initializers.orthogonal(scale)(k, (din, dout), jnp.float32),
+        layers.append({"kernel": orthogonal(scale)(k, (din, dout), jnp.float32),
                        "bias": jnp.zeros((dout,), jnp.float32)})
     return layers
 
