@@ -7,6 +7,7 @@ the results so the stuck frame is known.
 
     python benchmarks/start_loop.py --entry skills --starts 50 --timeout 300 --out benchmarks/results/cpu/start_loop.json
     python benchmarks/start_loop.py --entry ppo grpo pgts --starts 10 ...
+    python benchmarks/start_loop.py --entry qr_vmap_jax qr_vmap_ours --starts 10 --timeout 300 --frozen-s 20  # the cause
 
 Entry points, each made as small as it goes while still compiling and running one step:
 - skills: `python -m jaxrl_hier.skills run` on TechTree, 2 slots, tiny PPO, max_rounds=1 (the path
@@ -31,6 +32,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from jaxrl_hier.io import atomic_write_json  # noqa: E402
 
 SKILLS = ["-m", "jaxrl_hier.skills", "run", "--config", "configs/skills_techtree.yaml", "--no-progress",
           "max_rounds=1", "max_parallel_skills=2", "updates_per_round=1", "min_skill_timesteps=0"]
@@ -69,8 +73,25 @@ stack = jax.jit(lambda rows: jax.tree.map(lambda *xs: jnp.stack(xs), *rows))
 for slot in range(3):
     jax.block_until_ready(stack([zeros] * 8))
 """
+# The cause (networks/init.py): four layers' orthogonal inits vmapped over three slots, QR_CALLS calls
+# of one jitted program (each a few milliseconds on an idle CPU).
+# jax's initializer does a batched LAPACK QR per layer, which in jaxlib 0.10.2 blocks on XLA:CPU's
+# intra-op pool; ours runs one matrix per QR under vmap.
+QR_CALLS = 1000
+_QR = """
+import jax, jax.numpy as jnp, jaxrl_hier
+from jaxrl_hier.networks.init import orthogonal
+init = {init}
+def one(k):
+    ks = jax.random.split(k, 4)
+    return [init(ks[i], (256, 256), jnp.float32) for i in range(4)]
+f = jax.jit(lambda k: jax.vmap(one)(jax.random.split(k, 3)))
+for i in range({calls}):
+    jax.block_until_ready(f(jax.random.key(i)))
+"""
 ENTRIES = {"skills": SKILLS, "ppo": PPO, "grpo": GRPO, "pgts": PGTS, "expert_init_eager": ["-c", _EAGER],
-           "expert_init_jit": ["-c", _JIT]}
+           "expert_init_jit": ["-c", _JIT], "qr_vmap_jax": ["-c", _QR.format(init="jax.nn.initializers.orthogonal()", calls=QR_CALLS)],
+           "qr_vmap_ours": ["-c", _QR.format(init="orthogonal()", calls=QR_CALLS)]}
 # Skills: the PPO config of the slots is set through the config file (ppo.* is a dict field).
 SKILLS_PPO = {"num_envs": 8, "num_steps": 8, "num_minibatches": 2, "update_epochs": 1, "hidden_size": 16}
 
@@ -95,7 +116,7 @@ def _skills_config(work: Path) -> Path:
     return path
 
 
-def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, index: int) -> dict:
+def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, index: int, frozen_s: int = 0) -> dict:
     out = work / f"run{index}"
     shutil.rmtree(out, ignore_errors=True)
     args = list(ENTRIES[entry])
@@ -110,9 +131,15 @@ def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, in
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         cpu_at = []
+        frozen = False
         while proc.poll() is None and time.monotonic() - t0 < timeout:
             time.sleep(1.0)
             cpu_at.append(_cpu_seconds(proc.pid))
+            # A deadlock parks every thread: no CPU time for `frozen_s` seconds (a slow start still works)
+            recent = [c for c in cpu_at[-(frozen_s + 1):] if c is not None]
+            if frozen_s and len(recent) > frozen_s and recent[-1] - recent[0] < 0.05:
+                frozen = True
+                break
         hung = proc.poll() is None
         cpu_last_30s = None
         if hung:
@@ -133,6 +160,7 @@ def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, in
     result = {"index": index, "wall_s": round(wall, 1), "hung": hung, "returncode": None if hung else proc.returncode}
     if hung:
         result["cpu_s_last_30s"] = cpu_last_30s
+        result["frozen"] = frozen  # True: every thread parked (a deadlock); False: still working at the timeout
     elif proc.returncode not in (0, 1):  # skills exits 1 when the target was not reached (max_rounds)
         result["tail"] = text[-1500:]
     return result
@@ -144,6 +172,8 @@ def main() -> None:
     p.add_argument("--starts", type=int, default=50)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds before a start counts as hung")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu/start_loop.json")
+    p.add_argument("--frozen-s", type=int, default=0,
+                   help="count a start as hung as soon as it has used no CPU for this many seconds (0: only the timeout)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop an entry point's loop after this long (0: none)")
     p.add_argument("--append", action="store_true", help="add to the entry's runs already in --out")
     args = p.parse_args()
@@ -158,7 +188,7 @@ def main() -> None:
             for i in range(args.starts):
                 if args.budget_s and time.monotonic() - t0 > args.budget_s:
                     break
-                res = one_start(entry, work, args.timeout, args.out.parent / "start_loop_hangs", i)
+                res = one_start(entry, work, args.timeout, args.out.parent / "start_loop_hangs", i, args.frozen_s)
                 runs.append(res)
                 print(json.dumps({"entry": entry, **res}), flush=True)
         finally:
@@ -166,9 +196,11 @@ def main() -> None:
         if args.append and entry in data:  # several sessions of starts of the same entry point add up
             runs = [*data[entry]["runs"], *[{**r, "index": r["index"] + len(data[entry]["runs"])} for r in runs]]
         hangs = sum(r["hung"] for r in runs)
+        deadlocks = sum(bool(r.get("frozen")) for r in runs)
         errors = sum(1 for r in runs if not r["hung"] and r["returncode"] not in (0, 1))
         walls = sorted(r["wall_s"] for r in runs if not r["hung"])
         data[entry] = {"command": " ".join(["python", *ENTRIES[entry]]), "starts": len(runs), "hangs": hangs,
+                       "deadlocks": deadlocks, "frozen_s": args.frozen_s,
                        "errors": errors, "completed": len(runs) - hangs - errors, "timeout_s": args.timeout,
                        "median_wall_s": walls[len(walls) // 2] if walls else None, "runs": runs,
                        "jaxlib": jaxlib.__version__, "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -176,9 +208,8 @@ def main() -> None:
                        "date": time.strftime("%Y-%m-%d %H:%M:%S")}
         if entry == "skills":
             data[entry]["ppo_section"] = SKILLS_PPO
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(data, indent=1))
-        print(f"{entry}: {hangs} hangs, {errors} errors in {len(runs)} starts", flush=True)
+        atomic_write_json(args.out, data)
+        print(f"{entry}: {hangs} hangs ({deadlocks} deadlocked), {errors} errors in {len(runs)} starts", flush=True)
 
 
 if __name__ == "__main__":
