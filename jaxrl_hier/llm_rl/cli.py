@@ -65,28 +65,6 @@ def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     return task, policy_tokenizer(config.model_path, "GRPO")
 
 
-#: problems drawn per split to check a procedural task (arithmetic, Countdown), whose pool is too large to list
-CHECK_SAMPLE = 1024
-
-
-def input_pool(task: Any, split: str, seed: int) -> list:
-    """Every problem of `split` when the task's pool is finite (`task.size(split)`: GSM8K files), else
-    CHECK_SAMPLE seeded draws."""
-    size = getattr(task, "size", None)
-    return task.problems(split, size(split) if callable(size) else CHECK_SAMPLE, seed)
-
-
-def _refuse_longer(problems: list, lengths: Any, limit: int, what: str, key: str) -> None:
-    """ConfigError naming how many of `problems` exceed `limit`, the longest one, and the fix."""
-    over = int((lengths > limit).sum())
-    if over:
-        i = int(lengths.argmax())
-        meta = problems[i].meta
-        where = f"{meta['file']}:{meta['line']}" if "file" in meta else repr(problems[i].prompt[:60])
-        raise ConfigError(f"{over} of {len(problems)} {what} are longer than {key}={limit}; the longest ({where}) "
-                          f"has {lengths[i]} tokens: raise {key} to {lengths[i]}.")
-
-
 def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
     """Prompts, and the SFT stage's targets, must fit the static shapes: checked before anything compiles.
 
@@ -94,19 +72,19 @@ def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
     drawn, and a target too long would silently lose its answer line and EOS. On CHECK_SAMPLE
     problems of each split of a procedural task (the SFT stage counts any truncated target it meets
     in metrics.jsonl as `truncated_targets`)."""
-    from jaxrl_hier.llm_rl.data import completion_lengths, prompt_lengths, special_ids
+    from jaxrl_hier.llm_rl.data import completion_lengths, input_pool, prompt_lengths, refuse_longer, special_ids
     from jaxrl_hier.tasks.base import SPLITS
 
     special_ids(tokenizer)
     pools = {split: input_pool(task, split, config.seed) for split in SPLITS}
     for split, problems in pools.items():
         if problems:
-            _refuse_longer(problems, prompt_lengths(tokenizer, [p.prompt for p in problems]),
+            refuse_longer(problems, prompt_lengths(tokenizer, [p.prompt for p in problems]),
                            config.max_prompt_length, f"{split} prompts (BOS included)", "max_prompt_length")
     # the targets serve the warm-start only, which trains on the train split
     if config.sft_steps and pools["train"]:
         train = pools["train"]
-        _refuse_longer(train, completion_lengths(tokenizer, [p.target for p in train]), config.max_new_tokens,
+        refuse_longer(train, completion_lengths(tokenizer, [p.target for p in train]), config.max_new_tokens,
                        "train targets (solution + answer line + EOS)", "max_new_tokens")
 
 
@@ -337,4 +315,4 @@ def run_sft(args: argparse.Namespace, raw_config: dict) -> int:
     return run_grpo(args, raw_config, algorithm="sft")
 
 
-__all__ = ["run_grpo", "run_sft", "check_inputs", "input_pool", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]
+__all__ = ["run_grpo", "run_sft", "check_inputs", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]

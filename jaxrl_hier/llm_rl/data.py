@@ -40,6 +40,28 @@ def _ids(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
     return [list(x) for x in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
 
 
+#: problems drawn per split to check a procedural task (arithmetic, Countdown), whose pool is too large to list
+CHECK_SAMPLE = 1024
+
+
+def input_pool(task: Any, split: str, seed: int) -> list:
+    """Every problem of `split` when the task's pool is finite (`task.size(split)`: GSM8K files), else
+    CHECK_SAMPLE seeded draws."""
+    size = getattr(task, "size", None)
+    return task.problems(split, size(split) if callable(size) else CHECK_SAMPLE, seed)
+
+
+def refuse_longer(problems: list, lengths: np.ndarray, limit: int, what: str, key: str) -> None:
+    """ConfigError naming how many of `problems` exceed `limit`, the longest one, and the fix."""
+    over = int((lengths > limit).sum())
+    if over:
+        i = int(lengths.argmax())
+        meta = problems[i].meta
+        where = f"{meta['file']}:{meta['line']}" if "file" in meta else repr(problems[i].prompt[:60])
+        raise ConfigError(f"{over} of {len(problems)} {what} are longer than {key}={limit}; the longest ({where}) "
+                          f"has {lengths[i]} tokens: raise {key} to {lengths[i]}.")
+
+
 def prompt_lengths(tokenizer: Any, prompts: Sequence[str]) -> np.ndarray:
     """Each prompt's token count as `encode_prompts` lays it out (BOS included when the tokenizer has one)."""
     _, bos, _ = special_ids(tokenizer)
@@ -85,5 +107,5 @@ def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_token
     return ids, mask, truncated
 
 
-__all__ = ["PromptBatch", "special_ids", "prompt_lengths", "completion_lengths", "encode_prompts",
-           "encode_completions"]
+__all__ = ["CHECK_SAMPLE", "PromptBatch", "special_ids", "input_pool", "refuse_longer", "prompt_lengths",
+           "completion_lengths", "encode_prompts", "encode_completions"]

@@ -57,17 +57,21 @@ def load_finished_run(run_dir: Path) -> tuple[PGTSConfig, Any, Any, Any]:
 
 
 def check_inputs(config: PGTSConfig, task: Any, tokenizer: Any) -> None:
-    """Prompts, steps and whole solutions must fit the static shapes: checked before anything compiles."""
-    from jaxrl_hier.llm_rl.data import encode_completions, encode_prompts, special_ids
+    """Prompts, steps and whole solutions must fit the static shapes: checked before anything compiles,
+    on every problem of a finite pool and a sample of each split of a procedural one (`input_pool`,
+    as GRPO's check)."""
+    from jaxrl_hier.llm_rl.data import encode_completions, input_pool, prompt_lengths, refuse_longer, special_ids
     from jaxrl_hier.search.reward_model import split_steps
+    from jaxrl_hier.tasks.base import SPLITS
     from jaxrl_hier.tasks.jax_rewards import answer_token_spec
 
     _, _, eos = special_ids(tokenizer)
     answer_token_spec(tokenizer)
     if tokenizer.convert_tokens_to_ids("\n") in (None, tokenizer.unk_token_id):
         raise ConfigError("the tokenizer has no token for the step delimiter '\\n'.")
-    sample = task.problems("train", 64, config.seed) + task.problems("test", 16, config.seed)
-    encode_prompts(tokenizer, [p.prompt for p in sample], config.max_prompt_length)
+    sample = [p for split in SPLITS for p in input_pool(task, split, config.seed)]
+    refuse_longer(sample, prompt_lengths(tokenizer, [p.prompt for p in sample]), config.max_prompt_length,
+                  "prompts (BOS included)", "max_prompt_length")
     ids, mask, truncated = encode_completions(tokenizer, [p.target for p in sample], config.cot_max_tokens)
     if truncated:
         raise ConfigError(f"{truncated} of {len(sample)} worked solutions are longer than max_depth x step_tokens = "

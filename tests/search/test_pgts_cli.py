@@ -21,6 +21,7 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
 @pytest.mark.parametrize("override, message", [
     ("max_depth=2", "max_depth"),
     ("step_tokens=4", "step_tokens"),
+    ("max_prompt_length=4", "are longer than max_prompt_length=4"),  # every split's pool, as GRPO's check
     ("sc_samples=[0]", "sc_samples"),
     ("num_minibatches=3", "num_minibatches"),
     ("cost_branch=-1", "cost_branch"),
