@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--ppo-config", default=None, help="a PPO YAML whose fields replace the skills config's ppo")
     p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
+    p.add_argument("--no-curve", action="store_true",
+                   help="skip the curve (the composed agent at each completion, PPO after each chunk): only the "
+                        "final agents are evaluated, so a short lease spends its time training")
     p.add_argument("--include-running", action="store_true",
                    help="judge the final composed agent with the running skills' experts too (their latest "
                         "checkpoint): for a run stopped by max_rounds before its frontier skills completed")
@@ -102,6 +105,25 @@ def skills_curve(run_dir: Path, run, state, key, episodes: int, max_steps: int) 
     return curve
 
 
+def skills_throughput(run_dir: Path, state) -> dict:
+    """Env steps/s of the skills program: per round, the steps of every skill that trained in it over
+    the round's wall time (`metrics.jsonl`: cumulative `total_steps` and `wall_s` per skill). The first
+    round holds the program's compilation; `steady` leaves it out."""
+    rounds: dict[int, list] = {}
+    for r in state.skills:
+        prev_steps = prev_wall = 0.0
+        for row in read_jsonl(run_dir / "skills" / r.dirname / "metrics.jsonl"):
+            entry = rounds.setdefault(row["update"], [0, 0.0])
+            entry[0] += row["total_steps"] - prev_steps
+            entry[1] = max(entry[1], row["wall_s"] - prev_wall)  # every skill of a round shares its time
+            prev_steps, prev_wall = row["total_steps"], row["wall_s"]
+    order = sorted(rounds)
+    later = order[1:] or order
+    steps, wall = sum(rounds[u][0] for u in later), sum(rounds[u][1] for u in later)
+    return {"rounds": len(order), "first_round_s": rounds[order[0]][1] if order else None,
+            "steady_steps_per_s": steps / wall if wall else None}
+
+
 def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
     from jaxrl_hier.algorithms.ppo import PPOConfig, make_train
 
@@ -111,7 +133,10 @@ def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
                   if k not in ("env", "total_timesteps", "seed")}
     values.update(env=config.env, seed=seed, anneal_lr=True, eval_gif=False, num_seeds=1)
     per_update = values.get("num_envs", PPOConfig.num_envs) * values.get("num_steps", PPOConfig.num_steps)
-    values["total_timesteps"] = max(budget, per_update)
+    # At least the skills' budget, in whole chunks of equal size: a chunk's length is a static
+    # argument of the compiled update, and a shorter last chunk would compile a second program.
+    chunks = max(1, args.ppo_chunks)
+    values["total_timesteps"] = math.ceil(max(budget, per_update) / (per_update * chunks)) * per_update * chunks
     ppo = build_dataclass(PPOConfig, values, source="flat PPO")
     env, env_params = config.make_env()
     return make_train(ppo, env=env, env_params=env_params), ppo
@@ -144,21 +169,26 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     runner = trainer.init(jax.random.PRNGKey(seed))
     total = ppo.num_updates
     chunk = max(1, math.ceil(total / args.ppo_chunks))
-    curve, done, train_s, compile_s = [], 0, 0.0, None
+    curve, done, train_s, compile_s, first_n = [], 0, 0.0, None, 0
     while done < total:
         n = min(chunk, total - done)
         t0 = time.perf_counter()
         runner, metrics = trainer.update(runner, n)
         jax.block_until_ready(metrics)
         elapsed = time.perf_counter() - t0
-        compile_s = elapsed if compile_s is None else compile_s
+        if compile_s is None:
+            compile_s, first_n = elapsed, n
         train_s += elapsed
         done += n
-        stats = evaluate(runner, key, greedy=False)
-        s = summarize(stats, names, rewards, [])
-        curve.append({"env_steps": done * ppo.steps_per_update,
-                      "achievements_per_episode": float(sum(s["achievements"].values()))})
-    out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s, "curve": curve}
+        if not args.no_curve or done == total:
+            stats = evaluate(runner, key, greedy=False)
+            s = summarize(stats, names, rewards, [])
+            curve.append({"env_steps": done * ppo.steps_per_update,
+                          "achievements_per_episode": float(sum(s["achievements"].values()))})
+    # the first chunk holds the compilation; the steady rate is over the chunks after it
+    steady = ((total - first_n) * ppo.steps_per_update / (train_s - compile_s)) if total > first_n else None
+    out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s,
+           "steady_steps_per_s": steady, "curve": curve}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = evaluate(runner, jax.random.fold_in(key, i), mode == "greedy")
         out[mode] = summarize(stats, names, rewards, [])
@@ -200,10 +230,15 @@ def table(results: dict, names) -> str:
     lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in ("skills", "ppo")
                                                      for m in ("greedy", "sampled")) + " |")
     steps = [r["skills"]["env_steps"] for r in results["runs"]]
-    lines += ["", "| | env steps | wall time (s) |", "|---|---:|---:|",
-              f"| skills run | {np.mean(steps):,.0f} | {fmt(*mean_se([r['skills']['wall_s'] for r in results['runs']]), pct=False)} |",
+    def rate(agent):
+        return fmt(*mean_se([r[agent].get("steady_steps_per_s") for r in results["runs"]]), pct=False)
+
+    lines += ["", "| | env steps | wall time (s) | env steps/s (after the first round or chunk) |",
+              "|---|---:|---:|---:|",
+              f"| skills run | {np.mean(steps):,.0f} | {fmt(*mean_se([r['skills']['wall_s'] for r in results['runs']]), pct=False)} "
+              f"| {rate('skills')} |",
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
-              f"{fmt(*mean_se([r['ppo']['wall_s'] for r in results['runs']]), pct=False)} (training only) |"]
+              f"{fmt(*mean_se([r['ppo']['wall_s'] for r in results['runs']]), pct=False)} (training only) | {rate('ppo')} |"]
     for r in results["runs"]:
         s = r["skills"]
         lines.append(f"\nseed {r['seed']}: composed agent towards {s['target']}; completed: {', '.join(s['completed'])}"
@@ -232,6 +267,15 @@ def plot(results: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def write_results(args, config: SkillsConfig, max_steps: int, runs: list, partial: bool = False) -> dict:
+    """`skills_vs_ppo.json`; `partial` while a seed's flat PPO is still to run (that seed has no `ppo`)."""
+    results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,
+               "episodes": args.episodes, "max_steps": max_steps, "device": device_info(), "partial": partial,
+               "runs": runs}
+    atomic_write_json(args.out / "skills_vs_ppo.json", results)
+    return results
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -256,23 +300,24 @@ def main(argv=None) -> int:
         aim = choose_target(run.library, list(run.experts), run.target)
         comp, plan = build_composition(run.env, run.library, run.experts, aim)
         skills = {"run_dir": str(run_dir), "env_steps": budget, "wall_s": wall, "target": aim, "plan": plan,
+                  **skills_throughput(run_dir, state),
                   "completed": [n for n in run.experts if n not in run.running], "running": list(run.running),
                   "skills_total": len(state.skills)}
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
-        skills["curve"] = skills_curve(run_dir, run, state, key, args.episodes, max_steps)
+        skills["curve"] = [] if args.no_curve else skills_curve(run_dir, run, state, key, args.episodes, max_steps)
         # the whole budget (failed attempts after the last completion included), the final agent
         skills["curve"].append({"env_steps": budget, "skill": "(end of run)", "achievements_per_episode":
                                 float(sum(skills["sampled"]["achievements"].values()))})
+        # written now too: a run killed during flat PPO (a lease's end) keeps the skills' figures
+        write_results(args, config, max_steps, runs + [{"seed": seed, "skills": skills}], partial=True)
         ppo = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
         runs.append({"seed": seed, "skills": skills, "ppo": ppo})
         print(f"seed {seed}: skills {budget:,} steps, {len(skills['completed'])}/{len(state.skills)} skills completed; "
               f"target {aim} sampled {skills['sampled']['achievements'].get(aim, skills['sampled']['skills'][aim]):.2f}",
               flush=True)
-    results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,
-               "episodes": args.episodes, "max_steps": max_steps, "device": device_info(), "runs": runs}
-    atomic_write_json(args.out / "skills_vs_ppo.json", results)
+    results = write_results(args, config, max_steps, runs)
     md = table(results, names)
     atomic_write_text(args.out / "skills_vs_ppo.md", md)
     plot(results, args.out / "skills_vs_ppo.png")

@@ -59,6 +59,10 @@ class SkillsConfig:
     fresh_min_timesteps: int = 0
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
     max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
+    # Stop before the next round once this process has run this many seconds (0: no limit): a run
+    # sized by wall time ("an hour on this GPU"). Running skills stay running, as with max_rounds, and
+    # `resume` gives the resumed process a budget of its own.
+    max_wall_s: float = 0.0
     seed: int = 0
     stale_lock_s: float = 900.0  # a lock from another host whose heartbeat is older than this is stale
     # No progress (a skill start or a finished round) for this long: the run is stuck, its lock is
@@ -108,6 +112,8 @@ class SkillsConfig:
                               "threshold to 0.")
         if self.max_rounds < 0:
             raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
+        if self.max_wall_s < 0:
+            raise ConfigError(f"'max_wall_s' must be >= 0 (0: no limit), got {self.max_wall_s}.")
         if self.stale_lock_s <= 0:
             raise ConfigError(f"'stale_lock_s' must be positive, got {self.stale_lock_s}.")
         if self.stuck_after_s < 0:

@@ -101,6 +101,7 @@ class Scheduler:
     def run(self, resume: bool = False, on_lock: Callable[[], None] | None = None) -> SchedulerState:
         """Train until nothing is left (or `max_rounds`). `on_lock` runs once the directory is
         locked, before anything is written (the CLI records resume overrides there)."""
+        self._run_started = self.clock()  # max_wall_s counts this process's time, start-up included
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.primary:
             self.lock.acquire()
@@ -166,6 +167,10 @@ class Scheduler:
             if self.config.max_rounds and self.state.round >= self.config.max_rounds:
                 # Running skills stay running: a resume with a larger max_rounds continues them.
                 log.info("stopped at max_rounds=%d; resume with a larger max_rounds to go on", self.config.max_rounds)
+                return
+            if self.config.max_wall_s and self.clock() - self._run_started >= self.config.max_wall_s:
+                log.info("stopped after max_wall_s=%.0f s at round %d; resume to go on", self.config.max_wall_s,
+                         self.state.round)
                 return
             t0 = self.clock()
             self.lock.doing(f"training round {self.state.round + 1} ({', '.join(r.name for r in running)})")

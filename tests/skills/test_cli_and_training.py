@@ -123,11 +123,12 @@ def test_resume_refuses_unsafe_overrides_untouched_and_records_safe_ones(tmp_pat
     for overrides, message in [(["seed=1"], "'seed' cannot be changed on resume"),
                                (["max_retries=2", "updates_per_round=5"], "'updates_per_round' cannot be changed"),
                                (["max_round=9"], "Did you mean 'max_rounds'"),
-                               (["max_rounds=-1"], "'max_rounds' must be >= 0")]:
+                               (["max_rounds=-1"], "'max_rounds' must be >= 0"),
+                               (["max_wall_s=-5"], "'max_wall_s' must be >= 0")]:
         assert main(["resume", str(out), *overrides]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
-        assert "cannot be changed" not in message or "resume accepts max_rounds, max_retries, stale_lock_s" in err
+        assert "cannot be changed" not in message or "resume accepts max_rounds, max_wall_s, max_retries, stale_lock_s" in err
         assert snapshot(out) == before  # the stale lock too: nothing was taken over or rewritten
     assert main(["resume", str(out), "--no-progress", "max_rounds=0", "max_retries=2", "llm_timeout_s=5"]) == 0
     recorded = yaml.safe_load((out / "config.yaml").read_text())

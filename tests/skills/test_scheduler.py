@@ -319,6 +319,19 @@ def test_max_rounds_stops_and_a_larger_one_goes_on(tmp_path, reference):
     assert summary(state) == reference
 
 
+def test_max_wall_s_stops_between_rounds_and_resume_goes_on(tmp_path, reference):
+    """A clock that advances 10 s per round: max_wall_s=35 stops after the 4th round (the check comes
+    before a round, never inside one), leaving running skills running; resume finishes the same run."""
+    now = [0.0]
+    lib = techtree_library()
+    trainer = FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS, round_hook=lambda n: now.__setitem__(0, now[0] + 10.0))
+    sched = Scheduler(config(max_wall_s=35), tmp_path, trainer, RecordingPlanner(lib), lib, clock=lambda: now[0])
+    first = sched.run()
+    assert first.round == 4 and first.by_status("running") and first.generation == "active"
+    state = run(tmp_path, FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS), resume=True)
+    assert summary(state) == reference
+
+
 def test_a_proposals_max_timesteps_is_its_budget_per_attempt(tmp_path):
     planner = RecordingPlanner(techtree_library(), budgets={"place_table": 1000, "collect_three_wood": 10**9})
     state = run(tmp_path, FakeTrainer(never={"place_table", "collect_three_wood"}), planner, max_retries=0)

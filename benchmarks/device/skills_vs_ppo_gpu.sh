@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Bottom-up skills against flat PPO on Craftax-Classic on a lent GPU, sized to a short lease:
+# `benchmarks/skills_vs_ppo.py` with the GPU config (1024 envs per skill), the skills run stopped
+# after WALL_S seconds (its config's max_wall_s, compilation included), flat PPO at the same env
+# steps, both agents judged from the same fresh worlds; only the final agents are evaluated.
+#
+#   bash benchmarks/device/skills_vs_ppo_gpu.sh OUT WALL_S [key=value ...]
+#
+# OUT receives skills_vs_ppo.{json,md,png}, skills_run.tgz (the run directory without its
+# checkpoints and experts) and versions.txt. Packages the GPU machine lacks travel as wheels in
+# .whl/ (the device tool's README); CONFIG= picks another skills config.
+set -uo pipefail
+out=$1 wall=$2
+shift 2
+config=${CONFIG:-configs/skills_craftax_classic_gpu.yaml}
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+# Two JAX processes share the GPU (the skills run is a subprocess): each takes under half of it.
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
+  python3 -c "import jax, flax, optax, craftax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+  nproc; } | tee "$out/versions.txt"
+work=$(mktemp -d)
+timeout $((wall + 330)) python3 benchmarks/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
+  --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"
+rc=$?
+cp "$work"/skills_vs_ppo.* "$out"/ 2>/dev/null
+tar czf "$out/skills_run.tgz" --exclude=checkpoints --exclude=expert -C "$work" skills_seed0
+echo "skills_vs_ppo exit code $rc"
+exit $rc
