@@ -17,12 +17,14 @@ by then, at the env steps all skills had taken by that round).
         --out benchmarks/results/cpu/skills_vs_ppo/techtree --seeds 0 1 2
 
 Writes `skills_vs_ppo.json`, `skills_vs_ppo.md` (per-achievement success rates, score, env steps,
-wall time, mean and standard error over seeds) and `skills_vs_ppo.png`.
+wall time, env steps/s, mean and standard error over seeds) and `skills_vs_ppo.png`.
+`--throughput RUN` prints a skills run's env steps/s per round from its metrics alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -49,8 +51,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", required=True, help="a skills config (configs/skills_*.yaml)")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--config", help="a skills config (configs/skills_*.yaml)")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--throughput", type=Path, metavar="RUN",
+                   help="only print a skills run directory's env steps/s per round (JSON), from its metrics")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--skills-runs", type=Path, nargs="*", default=None,
                    help="finished skills run directories, one per seed (skips the skills runs)")
@@ -106,9 +110,11 @@ def skills_curve(run_dir: Path, run, state, key, episodes: int, max_steps: int) 
 
 
 def skills_throughput(run_dir: Path, state) -> dict:
-    """Env steps/s of the skills program: per round, the steps of every skill that trained in it over
-    the round's wall time (`metrics.jsonl`: cumulative `total_steps` and `wall_s` per skill). The first
-    round holds the program's compilation; `steady` leaves it out."""
+    """Env steps/s of the skills program, per round: the steps of every skill that trained in it over
+    the round's wall time (`metrics.jsonl`: cumulative `total_steps` and `wall_s` per skill). A round
+    that meets a new shape (a new number of running skills, or a longer frozen-expert bank) compiles
+    first: `steps_per_s` counts those rounds, the median round's rate does not, and `compile_rounds_s`
+    is the time of the rounds over 3x the median round's."""
     rounds: dict[int, list] = {}
     for r in state.skills:
         prev_steps = prev_wall = 0.0
@@ -117,11 +123,14 @@ def skills_throughput(run_dir: Path, state) -> dict:
             entry[0] += row["total_steps"] - prev_steps
             entry[1] = max(entry[1], row["wall_s"] - prev_wall)  # every skill of a round shares its time
             prev_steps, prev_wall = row["total_steps"], row["wall_s"]
-    order = sorted(rounds)
-    later = order[1:] or order
-    steps, wall = sum(rounds[u][0] for u in later), sum(rounds[u][1] for u in later)
-    return {"rounds": len(order), "first_round_s": rounds[order[0]][1] if order else None,
-            "steady_steps_per_s": steps / wall if wall else None}
+    if not rounds:
+        return {"rounds": 0, "steps_per_s": None, "median_round_steps_per_s": None, "compile_rounds_s": None}
+    times = np.array([t for _, t in rounds.values()])
+    steps = np.array([n for n, _ in rounds.values()])
+    slow = times > 3 * np.median(times)
+    return {"rounds": len(rounds), "round_time_s": float(times.sum()), "steps_per_s": float(steps.sum() / times.sum()),
+            "median_round_steps_per_s": float(np.median(steps / times)), "compile_rounds": int(slow.sum()),
+            "compile_rounds_s": float(times[slow].sum())}
 
 
 def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
@@ -188,7 +197,7 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     # the first chunk holds the compilation; the steady rate is over the chunks after it
     steady = ((total - first_n) * ppo.steps_per_update / (train_s - compile_s)) if total > first_n else None
     out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s,
-           "steady_steps_per_s": steady, "curve": curve}
+           "steps_per_s": total * ppo.steps_per_update / train_s, "steady_steps_per_s": steady, "curve": curve}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = evaluate(runner, jax.random.fold_in(key, i), mode == "greedy")
         out[mode] = summarize(stats, names, rewards, [])
@@ -230,15 +239,16 @@ def table(results: dict, names) -> str:
     lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in ("skills", "ppo")
                                                      for m in ("greedy", "sampled")) + " |")
     steps = [r["skills"]["env_steps"] for r in results["runs"]]
-    def rate(agent):
-        return fmt(*mean_se([r[agent].get("steady_steps_per_s") for r in results["runs"]]), pct=False)
+    def rate(agent, field):
+        return fmt(*mean_se([r[agent].get(field) for r in results["runs"]]), pct=False)
 
-    lines += ["", "| | env steps | wall time (s) | env steps/s (after the first round or chunk) |",
-              "|---|---:|---:|---:|",
-              f"| skills run | {np.mean(steps):,.0f} | {fmt(*mean_se([r['skills']['wall_s'] for r in results['runs']]), pct=False)} "
-              f"| {rate('skills')} |",
+    lines += ["", "| | env steps | wall time (s) | env steps/s, compiles included | env steps/s, steady |",
+              "|---|---:|---:|---:|---:|",
+              f"| skills run | {np.mean(steps):,.0f} | {rate('skills', 'wall_s')} | {rate('skills', 'steps_per_s')} "
+              f"| {rate('skills', 'median_round_steps_per_s')} (median round) |",
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
-              f"{fmt(*mean_se([r['ppo']['wall_s'] for r in results['runs']]), pct=False)} (training only) | {rate('ppo')} |"]
+              f"{rate('ppo', 'wall_s')} (training only) | {rate('ppo', 'steps_per_s')} "
+              f"| {rate('ppo', 'steady_steps_per_s')} (after the first chunk) |"]
     for r in results["runs"]:
         s = r["skills"]
         lines.append(f"\nseed {r['seed']}: composed agent towards {s['target']}; completed: {', '.join(s['completed'])}"
@@ -278,6 +288,11 @@ def write_results(args, config: SkillsConfig, max_steps: int, runs: list, partia
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.throughput:
+        print(json.dumps(skills_throughput(args.throughput, load_state(args.throughput)), indent=1))
+        return 0
+    if not (args.config and args.out):
+        sys.exit("give --config and --out (or --throughput RUN)")
     args.out.mkdir(parents=True, exist_ok=True)
     config = load_config(SkillsConfig, args.config, args.overrides)
     catalog = check_config(config)
