@@ -17,7 +17,7 @@ Writes <out>/llm_memory_plan.json (the records and the two tables of `python -m
 jaxrl_hier.llm.memory`) and <out>/llm_memory_plan.png (estimate against XLA).
 
 `--run` instead RUNS our layout (table (b)) on the default device with random weights
-(`memory.measured_layout_peak`): the Llama-3.2-3B-shaped bfloat16 backbone, the actor's and the
+(`memory_case.measured_layout_peak`): the Llama-3.2-3B-shaped bfloat16 backbone, the actor's and the
 guidance's LoRA adapters with their AdamW states, the float32 RoBERTa-base critic, its AdamW state
 and target copy, and the KV cache are allocated and held; the actor step, the reference log-probs,
 the guidance step, the critic step, the target's values and the Polyak update run one after the
@@ -44,7 +44,7 @@ from typing import Any
 
 from jaxrl_hier.bench import device_info
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
-from jaxrl_hier.llm import memory
+from jaxrl_hier.llm import memory, memory_case
 from jaxrl_hier.llm.model_config import ModelConfig
 
 ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -86,9 +86,9 @@ SMALL_CASES = [
 
 
 def big_cases() -> list[tuple]:
-    llm = memory.llama_3_2_3b()
+    llm = memory_case.llama_3_2_3b()
     return ([(f"llama-3.2-3b B={b} {dt}", llm, b, 512, dt, 16, ALL7) for b in (4, 8) for dt in ("float32", "bfloat16")]
-            + [("roberta-base B=8 float32 (full)", memory.roberta_base(), 8, 512, "float32", 0, QKVO)])
+            + [("roberta-base B=8 float32 (full)", memory_case.roberta_base(), 8, 512, "float32", 0, QKVO)])
 
 
 def measure(name: str, config: ModelConfig, batch: int, seq: int, dtype: str, rank: int,
@@ -173,12 +173,12 @@ def run_table(result: dict[str, Any]) -> str:
     fits = result["fits_original_capacity"]
     if fits is not None:
         lines.append(f"measured peak {result['peak_bytes'] / 2**30:.3f} GiB against the original device's "
-                     f"{memory.ORIGINAL_CAPACITY_GIB} GiB: {'fits' if fits else 'DOES NOT FIT'}")
+                     f"{memory_case.ORIGINAL_CAPACITY_GIB} GiB: {'fits' if fits else 'DOES NOT FIT'}")
     return "\n".join(lines)
 
 
 def run_layout(out: Path, tiny: bool) -> dict[str, Any]:
-    """`memory.measured_layout_peak` with the original set-up (or tiny models), written to
+    """`memory_case.measured_layout_peak` with the original set-up (or tiny models), written to
     <out>/llm_memory_run.json and printed beside the plan."""
     kw: dict[str, Any] = {}
     if tiny:
@@ -186,7 +186,7 @@ def run_layout(out: Path, tiny: bool) -> dict[str, Any]:
     env = {k: v for k, v in sorted(os.environ.items())
            if k.startswith("XLA_PYTHON_CLIENT_") or k in ("JAX_PLATFORMS", "XLA_FLAGS", "CUDA_VISIBLE_DEVICES")}
     print(f"running our layout ({'tiny models' if tiny else 'original set-up'}); env {env}", flush=True)
-    result = memory.measured_layout_peak(log=lambda msg: print(msg, flush=True), **kw)
+    result = memory_case.measured_layout_peak(log=lambda msg: print(msg, flush=True), **kw)
     record = {"benchmark": "llm_memory_run", **device_info(), "env": env, "tiny": tiny, **result}
     print(result["plan"]["table"], "\n")
     print(run_table(result))
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             return
     cases = SMALL_CASES + ([] if args.skip_big else big_cases())
     records = [measure(*case) for case in cases]
-    naive, ours = memory.original_plans()
+    naive, ours = memory_case.original_plans()
     print(naive.table(), "\n")
     print(ours.table())
     f32 = [r["ratio_estimate_over_xla"] for r in records if r["dtype"] == "float32"]

@@ -1,4 +1,4 @@
-"""`memory.measured_layout_peak` runs our layout for real (tiny models on CPU here), and
+"""`memory_case.measured_layout_peak` runs our layout for real (tiny models on CPU here), and
 `memory.compiled_step_memory` still compiles the same step after its move into `training_step`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import jax
 import pytest
 
-from jaxrl_hier.llm import memory
+from jaxrl_hier.llm import memory, memory_case
 from jaxrl_hier.llm.model_config import ModelConfig
 
 LLM = ModelConfig(model_type="llama", family="llama", vocab_size=256, hidden_size=32, intermediate_size=48,
@@ -21,13 +21,13 @@ ENC = ModelConfig(model_type="roberta", family="roberta", vocab_size=128, hidden
 
 
 def test_measured_layout_peak_runs_every_phase():
-    r = memory.measured_layout_peak(LLM, ENC, batch=4, seq_len=32, critic_batch=8, micro_batch=2, lora_rank=2)
+    r = memory_case.measured_layout_peak(LLM, ENC, batch=4, seq_len=32, critic_batch=8, micro_batch=2, lora_rank=2)
     names = [p["name"] for p in r["phases"]]
     assert names == ["actor", "reference", "guidance", "critic", "target critic", "polyak"]
     assert [p["plan_phase"] for p in r["phases"]] == ["actor", "actor", "guidance", "critic", "critic", None]
     assert r["setup"]["micro_batch"] == 2 and r["setup"]["critic_micro_batch"] == 4
     # the held arrays are exactly the plan's held bytes (weights, optimiser states, KV cache)
-    specs = memory._layout_specs(LLM, ENC, batch=4, seq_len=32, critic_batch=8, micro_batch=2, lora_rank=2)
+    specs = memory_case._layout_specs(LLM, ENC, batch=4, seq_len=32, critic_batch=8, micro_batch=2, lora_rank=2)
     p = memory.plan(specs)
     assert r["held"]["array_bytes"] == r["held"]["plan_bytes"] == p.column("held")
     assert r["plan"]["peak_bytes"] == p.peak and r["plan"]["phases"] == p.phases()
@@ -52,7 +52,7 @@ def test_measured_layout_peak_runs_every_phase():
 
 
 def test_layout_defaults_are_the_original_setup():
-    assert memory._layout_specs() == memory.original_setup()[1]
+    assert memory_case._layout_specs() == memory_case.original_setup()[1]
 
 
 def test_compiled_step_memory_unchanged():

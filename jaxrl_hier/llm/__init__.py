@@ -25,7 +25,8 @@ _LAZY = {"generate": ("jaxrl_hier.llm.sampling", "generate"),
          "token_logprobs": ("jaxrl_hier.llm.sampling", "token_logprobs"),
          "GenerateOutput": ("jaxrl_hier.llm.sampling", "GenerateOutput"),
          "sampling": ("jaxrl_hier.llm.sampling", None),
-         "memory": ("jaxrl_hier.llm.memory", None)}
+         "memory": ("jaxrl_hier.llm.memory", None),
+         "memory_case": ("jaxrl_hier.llm.memory_case", None)}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ import torch  # noqa: F401  (the test extra installs it; a missing one must fail
 import transformers
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm import decoder, encoder, memory
+from jaxrl_hier.llm import decoder, encoder, memory, memory_case
 from jaxrl_hier.llm.heads import value_head_init
 from jaxrl_hier.llm.lora import LoraConfig, init_lora
 from jaxrl_hier.llm.model_config import ModelConfig
@@ -214,7 +214,7 @@ def test_capacity_verdict_and_bad_input():
 def test_original_case_naive_runs_out_and_ours_fits(capsys):
     """The guidance agent's case: the copies exceed 44.53 GiB (even their weights and Adam state
     alone), LoRA roles on one backbone fit under 44.53 GB (10^9 bytes, the stricter reading)."""
-    naive, ours = memory.original_plans()
+    naive, ours = memory_case.original_plans()
     cap_gib = int(44.53 * 2**30)
     assert naive.peak > cap_gib and naive.column("held") > cap_gib and naive.fits is False
     assert ours.peak < 44.53e9 and ours.fits is True
@@ -223,7 +223,7 @@ def test_original_case_naive_runs_out_and_ours_fits(capsys):
     assert rows["actor+backbone"].params > 2 * 3.2e9  # the one bfloat16 backbone
     assert set(m.role for m in naive.models) == {"actor (base)", "reference", "guidance", "critic", "target critic",
                                                  "value function"}
-    memory.main([])
+    memory_case.main([])
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and out.count("fits") == 1
     for m in naive.models + ours.models:  # every row's bytes are printed
