@@ -32,6 +32,7 @@ import numpy as np
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.decoder import KVCache
+from jaxrl_hier.llm.jit_cache import JitCache
 
 DEFAULT_MIN_BUCKET = 16
 
@@ -314,31 +315,30 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
 # ----------------------------------------------------------------------------- generate
 
 
-_COMPILED: dict[tuple, tuple[Any, Any]] = {}
+_GENERATE = JitCache()  # one jitted generate per (model object, static settings); jit caches shapes
 
 
 def _compiled(lm: Any, statics: tuple) -> Any:
-    """One jitted generate per (model object, static settings); jit's own cache handles shapes."""
-    key = (id(lm), statics)
-    if key not in _COMPILED:
-        max_new_tokens, greedy, top_k, eos, pad = statics
+    max_new_tokens, greedy, top_k, eos, pad = statics
 
+    def build():
         def fn(params, ids, mask, rng, temperature, top_p, lora):
             return sample_tokens(lm, params, ids, mask, rng, max_new_tokens=max_new_tokens, temperature=temperature,
                                  top_k=top_k, top_p=top_p, eos_ids=eos, pad_token_id=pad, lora=lora, greedy=greedy)
 
-        _COMPILED[key] = (lm, jax.jit(fn))  # holding lm keeps id(lm) from being reused
-    return _COMPILED[key][1]
+        return fn
+
+    return _GENERATE.get(lm, statics, build)
 
 
 def compiled_programs() -> int:
     """How many generate programs XLA has compiled in this process (for recompilation checks)."""
-    return int(sum(f._cache_size() for _, f in _COMPILED.values()))
+    return _GENERATE.compiled()
 
 
 def clear_compiled() -> None:
     """Drop the compiled generate programs (and the model objects they keep alive)."""
-    _COMPILED.clear()
+    _GENERATE.clear()
 
 
 def _eos_tuple(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:

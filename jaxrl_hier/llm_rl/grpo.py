@@ -37,6 +37,7 @@ import optax
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.jit_cache import JitCache
 from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.config import ROUND_STRIDE, GRPOConfig
@@ -431,12 +432,11 @@ class GRPO:
         return state, history
 
 
-_GREEDY: dict[tuple, Any] = {}
+_GREEDY = JitCache()
 
 
 def _greedy_fn(lm: Any, max_new_tokens: int, eos_id: int, pad_id: int, suppress_tokens: tuple[int, ...]) -> Any:
-    key = (id(lm), max_new_tokens, eos_id, pad_id, suppress_tokens)
-    if key not in _GREEDY:
+    def build():
         from jaxrl_hier.llm.sampling import sample_tokens
 
         def fn(params, lora, ids, mask):
@@ -444,8 +444,9 @@ def _greedy_fn(lm: Any, max_new_tokens: int, eos_id: int, pad_id: int, suppress_
                                  temperature=1.0, top_k=None, top_p=None, eos_ids=(eos_id,), pad_token_id=pad_id,
                                  lora=lora, greedy=True, suppress_tokens=suppress_tokens)
 
-        _GREEDY[key] = (lm, jax.jit(fn))
-    return _GREEDY[key][1]
+        return fn
+
+    return _GREEDY.get(lm, (max_new_tokens, eos_id, pad_id, suppress_tokens), build)
 
 
 def evaluate_policy(lm: Any, params: Any, lora: Lora | None, tokenizer: Any, task: Any, problems: Sequence[Any], *,

@@ -46,6 +46,7 @@ import optax
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.jit_cache import JitCache
 from jaxrl_hier.llm.lora import LoraConfig, init_lora
 from jaxrl_hier.llm.sampling import sample_tokens
 from jaxrl_hier.llm_rl import losses
@@ -146,7 +147,7 @@ class GuidedAgent:
             self.critic = DoubleCritic("backbone", lm=lm, mlp_hidden=c.critic_mlp_hidden)
         self.policy_opt = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(c.learning_rate))
         self.critic_opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.critic_learning_rate))
-        self._gen: dict[tuple, Any] = {}
+        self._gen = JitCache()
         self._insert = jax.jit(insert, donate_argnums=(0,))
         self._critic_update = jax.jit(self._critic_impl, donate_argnums=(0,))
         self._actor_update = jax.jit(self._actor_impl, donate_argnums=(0,))
@@ -170,8 +171,7 @@ class GuidedAgent:
     # ------------------------------------------------------------------ generation
     def _generator(self, lm: Any, greedy: bool) -> Any:
         """One jitted sampling program per (backbone, greedy); jit caches the batch shapes."""
-        k = (id(lm), greedy)
-        if k not in self._gen:
+        def build():
             c = self.config
 
             def fn(lora, base, ids, mask, rng):
@@ -179,8 +179,9 @@ class GuidedAgent:
                                      eos_ids=(self.eos_id,), pad_token_id=self.pad_id, lora=lora, greedy=greedy,
                                      suppress_tokens=self.suppress)
 
-            self._gen[k] = jax.jit(fn)
-        return self._gen[k]
+            return fn
+
+        return self._gen.get(lm, greedy, build)
 
     def _sample_pi(self, policy: dict, bases: dict, state: jax.Array, state_mask: jax.Array, role: jax.Array,
                    key: jax.Array) -> tuple[jax.Array, jax.Array]:

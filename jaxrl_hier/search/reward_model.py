@@ -39,6 +39,7 @@ import optax
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.llm.heads import classification_head_apply, classification_head_init, gather_last
+from jaxrl_hier.llm.jit_cache import JitCache
 
 
 class PathData(NamedTuple):
@@ -254,13 +255,11 @@ def score_paths(rm: Any, params: Any, ids: np.ndarray, mask: np.ndarray, prompt_
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 
-_SCORE: dict[int, Any] = {}
+_SCORE = JitCache()
 
 
 def _score_fn(rm: RewardModel):
-    if id(rm) not in _SCORE:
-        _SCORE[id(rm)] = (rm, jax.jit(rm.score))
-    return _SCORE[id(rm)][1]
+    return _SCORE.get(rm, (), lambda: rm.score)
 
 
 def evaluate_reward_model(rm: Any, params: Any, data: PathData) -> dict:
