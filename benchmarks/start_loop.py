@@ -116,7 +116,8 @@ def _skills_config(work: Path) -> Path:
     return path
 
 
-def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, index: int, frozen_s: int = 0) -> dict:
+def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, index: int, frozen_s: int = 0,
+              compile_cache: Path | None = None) -> dict:
     out = work / f"run{index}"
     shutil.rmtree(out, ignore_errors=True)
     args = list(ENTRIES[entry])
@@ -124,6 +125,8 @@ def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, in
         args[args.index("configs/skills_techtree.yaml")] = str(_skills_config(work))
     args += ["--output-dir", str(out)]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}
+    if compile_cache is not None:  # jax's persistent cache: later starts load their programs instead of compiling
+        env.update(JAX_COMPILATION_CACHE_DIR=str(compile_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     log_path = work / f"run{index}.log"
     # A child alive after `timeout` gets SIGABRT: faulthandler (PYTHONFAULTHANDLER) prints every
     # thread's Python stack to its stderr, which is kept as the hang's evidence.
@@ -158,6 +161,8 @@ def one_start(entry: str, work: Path, timeout: float, stack_dir: Path | None, in
         shutil.copy(log_path, stack_dir / f"{entry}_hang_{index}.log")
     shutil.rmtree(out, ignore_errors=True)
     result = {"index": index, "wall_s": round(wall, 1), "hung": hung, "returncode": None if hung else proc.returncode}
+    if compile_cache is not None:
+        result["compile_cache"] = True
     if hung:
         result["cpu_s_last_30s"] = cpu_last_30s
         result["frozen"] = frozen  # True: every thread parked (a deadlock); False: still working at the timeout
@@ -176,6 +181,10 @@ def main() -> None:
                    help="count a start as hung as soon as it has used no CPU for this many seconds (0: only the timeout)")
     p.add_argument("--budget-s", type=float, default=0.0, help="stop an entry point's loop after this long (0: none)")
     p.add_argument("--append", action="store_true", help="add to the entry's runs already in --out")
+    p.add_argument("--compile-cache", action="store_true",
+                   help="share one XLA compilation cache between an entry's starts: from the second start on, what a "
+                        "start exercises is process start-up, init and execution, not compilation; runs are marked "
+                        "compile_cache")
     args = p.parse_args()
     import jaxlib
 
@@ -188,7 +197,8 @@ def main() -> None:
             for i in range(args.starts):
                 if args.budget_s and time.monotonic() - t0 > args.budget_s:
                     break
-                res = one_start(entry, work, args.timeout, args.out.parent / "start_loop_hangs", i, args.frozen_s)
+                res = one_start(entry, work, args.timeout, args.out.parent / "start_loop_hangs", i, args.frozen_s,
+                                work / "xla_cache" if args.compile_cache else None)
                 runs.append(res)
                 print(json.dumps({"entry": entry, **res}), flush=True)
         finally:
