@@ -465,10 +465,12 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
 
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
+
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
     env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, train_problems)
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     test_params = env_params_for(config, env, lm.params, rm_params, tokenizer, test)
     ppo_cfg = config.ppo_config()
     from jaxrl_hier.networks.gps import GPSActorCritic
@@ -603,13 +605,14 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
                    policy: tuple[Any, Any], extra: dict, start_params: Any = None) -> list[dict]:
     """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
 
     stage = out / "eval"
     if (stage / "results.json").is_file():
         rows = json.loads((stage / "results.json").read_text())["rows"]
         log(f"evaluation stage already complete ({stage})")
         return rows
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     rows, trees = evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, policy, start_params=start_params)
     if is_primary():
         table = results_table(rows)

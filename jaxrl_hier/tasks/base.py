@@ -123,6 +123,34 @@ def sample_split(draw: Callable[[random.Random], Problem], key: Callable[[Proble
     return out
 
 
+#: a procedural split counts as exhausted once this many draws per distinct problem found add none new:
+#: a problem of the split still missing then survives them with probability below e**-10
+EXHAUSTED_AFTER = 10
+
+
+def distinct_problems(task: Any, split: str, n: int, seed: int) -> list[Problem]:
+    """Up to n distinct problems of `split` for evaluation: the first n distinct ones of
+    `task.problems(split, ., seed)`, in its order (so the start of the old with-replacement draw).
+
+    Fewer than n when the split holds fewer: all of a finite pool (`task.size`), or every problem
+    a procedural stream yields before EXHAUSTED_AFTER draws per problem found bring no new one.
+    Draws double until then, so the cost is at most twice the final draw."""
+    check_split_args(split, n, seed)
+    size = getattr(task, "size", None)
+    if callable(size):  # a permutation of the pool: distinct already
+        return task.problems(split, min(n, size(split)), seed)
+    drawn = max(n, 64)
+    while True:
+        problems = task.problems(split, drawn, seed)  # a prefix-stable stream (sample_split)
+        first: dict[str, int] = {}
+        for i, p in enumerate(problems):
+            first.setdefault(p.prompt, i)
+        found = list(first.values())
+        if len(found) >= n or (drawn - 1 - max(found, default=0) >= EXHAUSTED_AFTER * len(found)):
+            return [problems[i] for i in found[:n]]
+        drawn *= 2
+
+
 # ----------------------------------------------------------------------------- rewards
 
 

@@ -9,7 +9,7 @@ import pytest
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks import (ArithmeticTask, CombinedReward, CountdownTask, GSM8KTask, Problem, Task,
                               correctness_reward, format_reward, length_penalty, make_task, safe_eval, task_reward)
-from jaxrl_hier.tasks.base import SPLITS
+from jaxrl_hier.tasks.base import SPLITS, distinct_problems, split_of
 
 
 def _keys(problems):
@@ -71,6 +71,29 @@ def test_bad_validation_fraction(kwargs):
     for name in ("arithmetic", "countdown"):
         with pytest.raises(ConfigError, match=r"validation_fraction (must be|got \d)"):
             make_task(name, **kwargs)
+
+
+def test_distinct_problems_are_the_stream_without_repeats():
+    task = ArithmeticTask(operators="+", digits=1, steps=1)  # 100 expressions, about 10 of them test
+    stream = task.problems("test", 40, 0)
+    assert len(_keys(stream)) < 40  # drawn with replacement, the stream repeats
+    first = list(dict.fromkeys(p.prompt for p in stream))
+    few = distinct_problems(task, "test", 3, 0)
+    assert [p.prompt for p in few] == first[:3]  # the start of the old draw, repeats dropped
+    # more asked than the split holds: every test expression, each once
+    every = {f"{a}+{b}=" for a in range(10) for b in range(10)
+             if split_of(f"arithmetic:{a}+{b}", task.test_fraction, task.validation_fraction) == "test"}
+    many = distinct_problems(task, "test", 500, 0)
+    assert len(many) == len(_keys(many)) == len(every) < 500 and _keys(many) == every
+
+
+def test_distinct_problems_of_a_finite_pool(tmp_path):
+    task = GSM8KTask(path=str(_write(tmp_path / "g.jsonl", [_gsm(i) for i in range(40)])), test_fraction=0.3)
+    size = task.size("test")
+    assert 3 < size < 40
+    assert len(_keys(distinct_problems(task, "test", 3, 0))) == 3
+    assert _keys(distinct_problems(task, "test", 100, 0)) == _keys(task.problems("test", size, 0))
+    assert len(distinct_problems(task, "test", 100, 0)) == size
 
 
 def test_arithmetic_worked_target_follows_precedence():
