@@ -116,16 +116,21 @@ def env_params_for(config: PGTSConfig, env: Any, lm_params: Any, rm_params: Any,
 # ----------------------------------------------------------------------------- reward model stage
 
 
-def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any) -> tuple[Any, dict]:
+def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any, split: str = "validation",
+                   labels: str | None = None) -> tuple[Any, dict]:
     """The labelled paths that measure either kind of reward model: the generator's samples of
-    `rm_eval_problems` held-out problems, cut and labelled as `rm_labels` says."""
+    `rm_eval_problems` distinct held-out problems, cut and labelled as `rm_labels` (or `labels`)
+    says. Of the validation split by default: these figures choose reward-model settings
+    (benchmarks/pgts_reward_model.py), so the test split stays for reporting a chosen one once."""
     import jax
 
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
     from jaxrl_hier.search.reward_model import sample_path_data
 
-    return sample_path_data(lm, lm.params, tokenizer, task, task.problems("test", config.rm_eval_problems, config.seed + 1),
-                            samples=config.rm_samples, key=jax.random.key(config.seed + 13),
-                            **_path_sampling(config))
+    problems = evaluation_problems(task, config.rm_eval_problems, config.seed + 1, split)
+    sampling = {**_path_sampling(config), **({} if labels is None else {"labels": labels})}
+    return sample_path_data(lm, lm.params, tokenizer, task, problems, samples=config.rm_samples,
+                            key=jax.random.key(config.seed + 13), **sampling)
 
 
 def _path_sampling(config: PGTSConfig) -> dict:
