@@ -53,7 +53,7 @@ def main() -> None:
         out = generate(state.policy[role], lm.params, ids, mask, jax.random.key(0))
         return decode_completions(tok, out.tokens, out.mask)
 
-    eps = env.reset("test", cfg.eval_episodes, cfg.seed)
+    eps = env.evaluation_episodes("test", cfg.eval_episodes, cfg.seed)  # the run's evaluation games
     eps = [env.step(e, t)[0] for e, t in zip(eps, speak(eps, "actor"))]
     hints = speak(eps, "guidance")
     lines = []

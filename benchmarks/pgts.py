@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         pipeline_s = time.perf_counter() - tick
     config = load_saved_config(PGTSConfig, run_dir)
     task, tokenizer = cli.make_task_and_tokenizer(config)
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.cli import evaluation_problems, run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 
     sft_cfg = config.sft_config()
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.sft_steps:
         lm, _ = run_sft_stage(sft_cfg, ns, run_dir, lm, tokenizer, task, mesh)
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, run_dir, lm, tokenizer, task)
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)  # the run's own evaluation set
     if args.unroll_decode != "auto":  # how the generator's decode loop runs the layers (ModelConfig.unroll_decode)
         lm = lm.with_unroll_decode(UNROLL_DECODE[args.unroll_decode])
     if args.throughput_only:

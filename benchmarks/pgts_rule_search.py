@@ -1,9 +1,12 @@
 """What a search in PGTS's action space can gain with a run's generator and reward model: a hand-written rule.
 
-    python benchmarks/pgts_rule_search.py --run-dir RUN --out DIR [--rules 0.1:1 0.3:1 0.3:2]
+    python benchmarks/pgts_rule_search.py --run-dir RUN --out DIR [--rules 0.1:1 0.3:1 0.3:2] [--test]
 
-Loads a finished PGTS run (RUN/config.yaml, its SFT generator and reward model), and searches the
-config's held-out problems with a fixed rule instead of the trained policy, in the same env
+Loads a finished PGTS run (RUN/config.yaml, its SFT generator and reward model), and searches
+`eval_problems` distinct validation problems (never the test split the pipeline reports on, so
+the sweep cannot fit it; `--test` then runs CoT and the rule with the best validation accuracy
+once on the config's test problems: the figures to report) with a fixed rule instead of the
+trained policy, in the same env
 (`search.cli.build_env`, no token budget): Expand, and Terminate on an answer line; but when the
 step just generated scores below `tau` by the reward model and its parent has at most `extra`
 children, Branch (a sibling of that step replaces it as the current node: sampled, or with
@@ -16,7 +19,8 @@ policy may not Terminate there; the `nodes` column shows when that happened). Th
 among the tree's final nodes would reach, so the gap to `accuracy` is the reward model's. A rule that
 beats CoT shows what a policy could learn; one that cannot says the env's actions, this generator
 and this reward model leave a search little to gain. Writes DIR/pgts_rule_search.json and
-DIR/pgts_rule_search.md (accuracy, tokens per problem and nodes per search of each rule).
+DIR/pgts_rule_search.md (accuracy, tokens per problem and nodes per search of each rule on
+validation, and with `--test` the chosen rule's test rows).
 """
 
 from __future__ import annotations
@@ -52,6 +56,44 @@ def any_final_right(env, state, params):
     return jnp.any(right & state.final & (nodes < state.num_nodes))
 
 
+def score_rules(run, oracle_fn, env_params, count: int, rules: list, seed: int) -> list[dict]:
+    """One row per rule (CoT greedy first, then each (tau, extra)) on the `count` problems of `env_params`:
+    accuracy, oracle, tokens, nodes, seconds and tokens against CoT's."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rows = []
+    for tau, extra in [(-np.inf, 0), *rules]:
+        t0 = time.perf_counter()
+        rule = (jnp.float32(tau), jnp.int32(extra))
+        states, _ = run(rule, env_params, jnp.arange(count), jax.random.key(seed))
+        correct, tokens, nodes, oracle = jax.device_get((states.correct, states.tokens_used, states.num_nodes,
+                                                         oracle_fn(states, env_params)))
+        rows.append(dict(rule="chain-of-thought (never branch)" if tau == -np.inf else f"branch below {tau:g}, "
+                         f"up to {extra} extra sibling{'s' if extra > 1 else ''}", tau=float(tau), extra=extra,
+                         accuracy=float(np.mean(correct)), oracle=float(np.mean(oracle)), tokens=float(np.mean(tokens)),
+                         nodes=float(np.mean(nodes)), seconds=time.perf_counter() - t0))
+        r = rows[-1]
+        r["tokens_vs_cot"] = r["tokens"] / rows[0]["tokens"]
+        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% (oracle {100 * r['oracle']:.1f}%) at {r['tokens']:.1f} tokens "
+              f"({r['tokens_vs_cot']:.2f}x), {r['nodes']:.2f} nodes", flush=True)
+    return rows
+
+
+def chosen_rule(rows: list[dict]) -> tuple[float, int]:
+    """The (tau, extra) of the best rule row after CoT's: highest accuracy, then fewest tokens."""
+    best = max(rows[1:], key=lambda r: (r["accuracy"], -r["tokens"]))
+    return best["tau"], best["extra"]
+
+
+def rule_table(rows: list[dict]) -> list[str]:
+    table = ["| rule | accuracy | oracle | tokens / problem | tokens vs CoT | nodes |",
+             "|---|---:|---:|---:|---:|---:|"]
+    return table + [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {100 * r['oracle']:.1f}% | {r['tokens']:.1f} "
+                    f"| {r['tokens_vs_cot']:.2f}x | {r['nodes']:.2f} |" for r in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", type=Path, required=True, help="a finished pgts run (sft/, reward_model/)")
@@ -60,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="tau:extra pairs (module docstring); chain-of-thought greedy is always run first")
     parser.add_argument("--sibling", choices=("sample", "swap"), default=None,
                         help="how Branch makes a sibling (default: the run's config)")
+    parser.add_argument("--test", action="store_true",
+                        help="after the validation sweep, run CoT and the chosen rule once on the test split")
     args = parser.parse_args(argv)
     try:
         rules = [(float(r.split(":")[0]), int(r.split(":")[1])) for r in args.rules]
@@ -72,12 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from jaxrl_hier.bench import device_info
     from jaxrl_hier.config import ConfigError
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
     from jaxrl_hier.search import cli
 
     try:
@@ -86,36 +129,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, args.run_dir, lm, tokenizer, task)
-    test = task.problems("test", config.eval_problems, config.seed)
+    validation = evaluation_problems(task, config.eval_problems, config.seed, "validation")
+    test = evaluation_problems(task, config.eval_problems, config.seed) if args.test else []
     if args.sibling is not None:
         config = dataclasses.replace(config, sibling=args.sibling, greedy_first_child=True)
     env = cli.build_env(config, lm, rm, tokenizer, token_budget=10**9)
     oracle_fn = jax.jit(jax.vmap(lambda state, params: any_final_right(env, state, params), in_axes=(0, None)))
-    env_params = cli.env_params_for(config, env, lm.params, rm_params, tokenizer, test)
-    rows = []
     run = make_rule_runner(env)
-    for tau, extra in [(-np.inf, 0), *rules]:
-        t0 = time.perf_counter()
-        rule = (jnp.float32(tau), jnp.int32(extra))
-        states, _ = run(rule, env_params, jnp.arange(len(test)), jax.random.key(config.seed))
-        correct, tokens, nodes, oracle = jax.device_get((states.correct, states.tokens_used, states.num_nodes,
-                                                         oracle_fn(states, env_params)))
-        rows.append(dict(rule="chain-of-thought (never branch)" if tau == -np.inf else f"branch below {tau:g}, "
-                         f"up to {extra} extra sibling{'s' if extra > 1 else ''}", tau=float(tau), extra=extra,
-                         accuracy=float(np.mean(correct)), oracle=float(np.mean(oracle)), tokens=float(np.mean(tokens)),
-                         nodes=float(np.mean(nodes)), seconds=time.perf_counter() - t0))
-        r = rows[-1]
-        r["tokens_vs_cot"] = r["tokens"] / rows[0]["tokens"]
-        print(f"{r['rule']}: {100 * r['accuracy']:.1f}% (oracle {100 * r['oracle']:.1f}%) at {r['tokens']:.1f} tokens ({r['tokens_vs_cot']:.2f}x), "
-              f"{r['nodes']:.2f} nodes", flush=True)
-    table = ["| rule | accuracy | oracle | tokens / problem | tokens vs CoT | nodes |", "|---|---:|---:|---:|---:|---:|"]
-    table += [f"| {r['rule']} | {100 * r['accuracy']:.1f}% | {100 * r['oracle']:.1f}% | {r['tokens']:.1f} | {r['tokens_vs_cot']:.2f}x "
-              f"| {r['nodes']:.2f} |" for r in rows]
+    score = lambda problems, rules: score_rules(run, oracle_fn, cli.env_params_for(  # noqa: E731
+        config, env, lm.params, rm_params, tokenizer, problems), len(problems), rules, config.seed)
+    rows = score(validation, rules)
+    test_rows = score(test, [chosen_rule(rows)]) if args.test else []
+    table = rule_table(rows)
+    if test_rows:
+        table += ["", "test split, CoT and the rule chosen on validation:", *rule_table(test_rows)]
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "pgts_rule_search.json",
                       {"benchmark": "pgts_rule_search", **device_info(), "run_dir": str(args.run_dir),
-                       "rm_labels": config.rm_labels, "rm_kind": config.rm_kind, "sibling": config.sibling, "reward_model": rm_info.get("eval"), "problems": len(test),
-                       "rows": rows})
+                       "rm_labels": config.rm_labels, "rm_kind": config.rm_kind, "sibling": config.sibling,
+                       "reward_model": rm_info.get("eval"), "split": "validation", "problems": len(validation),
+                       "rows": rows, "test_problems": len(test), "test_rows": test_rows})
     atomic_write_text(args.out / "pgts_rule_search.md", "\n".join(table) + "\n")
     print("\n".join(table))
     return 0

@@ -52,6 +52,18 @@ def policy_tokenizer(model_path: str | None, algorithm: str) -> Any:
     return tokenizer
 
 
+def evaluation_problems(task: Any, n: int, seed: int, split: str = "test") -> list:
+    """The distinct problems an evaluation uses (`tasks.base.distinct_problems`), and a log line
+    with their count: a split with repeats would count a problem several times and overstate how
+    many were seen, so a split holding fewer than n gives all of its problems, and says so."""
+    from jaxrl_hier.tasks.base import distinct_problems
+
+    problems = distinct_problems(task, split, n, seed)
+    short = f"; the split holds only {len(problems)}, all used" if len(problems) < n else ""
+    log(f"evaluation: {len(problems)} distinct {split} problems (asked for {n}{short})")
+    return problems
+
+
 def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     from jaxrl_hier.tasks import make_task
 
@@ -148,7 +160,7 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
                 progress.close()
     params, adapter = sft.params_and_lora(state)
     params = merge_lora(params, adapter)
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     ev = evaluate_policy(lm, params, None, tokenizer, task, test, max_prompt_length=config.max_prompt_length,
                          max_new_tokens=config.max_new_tokens, suppress_tokens=config.suppress_tokens)
     lm.params = params
@@ -254,7 +266,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     if algorithm == "sft":
         return 0
 
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     lora = build_lora(config, lm, mesh)
     trainer = make_train(config, lm, tokenizer, task, lora=lora)
     state = trainer.init(jax.random.key(config.seed))
@@ -269,7 +281,8 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
         samples_writer = run.log(out, filename="samples.jsonl")
         if start == 0:
             ev = trainer.evaluate(state, test)
-            writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+            writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"],
+                          "eval/problems": len(test)})
         progress = progress_bar(args, config.total_steps, start, config.loss_type)
         step = start
         while step < config.total_steps:
@@ -315,4 +328,4 @@ def run_sft(args: argparse.Namespace, raw_config: dict) -> int:
     return run_grpo(args, raw_config, algorithm="sft")
 
 
-__all__ = ["run_grpo", "run_sft", "check_inputs", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]
+__all__ = ["run_grpo", "run_sft", "check_inputs", "evaluation_problems", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]

@@ -110,7 +110,7 @@ class GRPOConfig:
 
     # ---- evaluation, logging, checkpoints
     eval_every: int = 10
-    eval_problems: int = 200
+    eval_problems: int = 200  # distinct test problems (all of the split when it holds fewer)
     log_every: int = 1
     sample_log_count: int = 4
     checkpoint_every: int = 10

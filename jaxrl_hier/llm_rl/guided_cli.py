@@ -24,7 +24,7 @@ import argparse
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
@@ -70,8 +70,20 @@ def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
                            suppress_tokens=())
 
 
+def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
+    """A fresh list of the evaluation games (`env.evaluation_episodes`: distinct problems, or
+    distinct secrets) for each evaluation, after a log line of how many there are. `env.step`
+    copies an episode rather than changing it, so the games can be reused."""
+    first = env.evaluation_episodes("test", n, seed)
+    what = "test problems" if env.name != "guess_number" else f"secrets of 1..{env.high} (no secret is held out)"
+    short = "; all the split holds" if len(first) < n else ""
+    log(f"evaluation: {len(first)} distinct {what} (asked for {n}{short})")
+    return lambda: list(first)
+
+
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
-    """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game."""
+    """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game
+    (greedy over the evaluation secrets, which come from the range training uses: `GuessNumberEnv`)."""
     import io
 
     import matplotlib
@@ -83,6 +95,7 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
+    evaluated = "held-out" if env == "two_turn" else "every secret"
     fig, ax = plt.subplots(figsize=(7, 4))
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
         train = [(r["step"], r[f"train/{key}"]) for r in records if r.get(f"train/{key}") is not None]
@@ -90,7 +103,7 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
         if train:
             ax.plot(*zip(*train), color=color, alpha=0.35, label=f"{label} (sampled, train)")
         if ev:
-            ax.plot(*zip(*ev), "o-", color=color, label=f"{label} (greedy, held-out)")
+            ax.plot(*zip(*ev), "o-", color=color, label=f"{label} (greedy, {evaluated})")
     ax.set_xlabel("iteration")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -164,7 +177,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     state = agent.init(jax.random.key(config.seed))
     meta = {"stage": "guided", "env": config.env, "critic": config.critic, "lora_rank": config.lora_rank,
             "replay_capacity": config.replay_capacity}
-    test = lambda: env.reset("test", config.eval_episodes, config.seed)  # noqa: E731
+    test = evaluation_episodes(env, config.eval_episodes, config.seed)
     primary = is_primary()
     with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
                       total=config.iterations, resume=args.resume, primary=primary, config_file=config_file) as run:
@@ -175,7 +188,8 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         samples_writer = run.log(out, filename="samples.jsonl")
         if start == 0:
             ev, _ = agent.evaluate(state, test())
-            writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()}})
+            writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()},
+                          "eval/episodes": len(test())})
         progress = progress_bar(args, config.iterations, start, f"guided-{config.env}")
         step = start
         while step < config.iterations:
@@ -207,7 +221,8 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
         key = "eval/turn2_accuracy" if config.env == "two_turn" else "eval/turns"
         evals = [(r["step"], r.get("eval/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
-        log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; held-out {key} "
+        evaluated = "held-out" if config.env == "two_turn" else f"over {len(test())} secrets of the training range,"
+        log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; {evaluated} {key} "
             f"{evals[0][2] if evals else None} -> {evals[-1][2] if evals else None}"
             + (f" (turn 1: {evals[0][1]} -> {evals[-1][1]})" if config.env == "two_turn" and evals else "")
             + (f"; SFT {sft_info.get('eval_accuracy')}" if sft_info else "") + f"; outputs in {out}")

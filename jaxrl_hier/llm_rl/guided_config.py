@@ -97,7 +97,7 @@ class GuidedConfig:
 
     # ---- evaluation, logging, checkpoints
     eval_every: int = 10
-    eval_episodes: int = 256
+    eval_episodes: int = 256  # distinct test problems, or secrets (every one of 1..game_high at most)
     log_every: int = 1
     sample_log_count: int = 4
     checkpoint_every: int = 10

@@ -116,16 +116,21 @@ def env_params_for(config: PGTSConfig, env: Any, lm_params: Any, rm_params: Any,
 # ----------------------------------------------------------------------------- reward model stage
 
 
-def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any) -> tuple[Any, dict]:
+def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any, split: str = "validation",
+                   labels: str | None = None) -> tuple[Any, dict]:
     """The labelled paths that measure either kind of reward model: the generator's samples of
-    `rm_eval_problems` held-out problems, cut and labelled as `rm_labels` says."""
+    `rm_eval_problems` distinct held-out problems, cut and labelled as `rm_labels` (or `labels`)
+    says. Of the validation split by default: these figures choose reward-model settings
+    (benchmarks/pgts_reward_model.py), so the test split stays for reporting a chosen one once."""
     import jax
 
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
     from jaxrl_hier.search.reward_model import sample_path_data
 
-    return sample_path_data(lm, lm.params, tokenizer, task, task.problems("test", config.rm_eval_problems, config.seed + 1),
-                            samples=config.rm_samples, key=jax.random.key(config.seed + 13),
-                            **_path_sampling(config))
+    problems = evaluation_problems(task, config.rm_eval_problems, config.seed + 1, split)
+    sampling = {**_path_sampling(config), **({} if labels is None else {"labels": labels})}
+    return sample_path_data(lm, lm.params, tokenizer, task, problems, samples=config.rm_samples,
+                            key=jax.random.key(config.seed + 13), **sampling)
 
 
 def _path_sampling(config: PGTSConfig) -> dict:
@@ -465,10 +470,12 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
 
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
+
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
     env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, train_problems)
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     test_params = env_params_for(config, env, lm.params, rm_params, tokenizer, test)
     ppo_cfg = config.ppo_config()
     from jaxrl_hier.networks.gps import GPSActorCritic
@@ -603,13 +610,14 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
                    policy: tuple[Any, Any], extra: dict, start_params: Any = None) -> list[dict]:
     """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
 
     stage = out / "eval"
     if (stage / "results.json").is_file():
         rows = json.loads((stage / "results.json").read_text())["rows"]
         log(f"evaluation stage already complete ({stage})")
         return rows
-    test = task.problems("test", config.eval_problems, config.seed)
+    test = evaluation_problems(task, config.eval_problems, config.seed)
     rows, trees = evaluate_all(config, lm, rm, rm_params, tokenizer, task, test, policy, start_params=start_params)
     if is_primary():
         table = results_table(rows)

@@ -65,7 +65,7 @@ class PGTSConfig:
     rm_sft_steps: int = 300
     rm_problems: int = 512
     rm_samples: int = 4
-    rm_eval_problems: int = 128
+    rm_eval_problems: int = 128  # distinct validation problems whose paths measure the reward model
     rm_steps: int = 300
     rm_batch_size: int = 64
     rm_learning_rate: float = 1e-4
@@ -97,7 +97,7 @@ class PGTSConfig:
     imitation_learning_rate: float = 1e-3
 
     # ---- evaluation (held-out problems) and baselines
-    eval_problems: int = 256
+    eval_problems: int = 256  # distinct test problems (the rule-search benchmark: validation ones)
     eval_every: int = 8  # PPO updates between PGTS evaluations (0: only at the end)
     sc_samples: tuple[int, ...] = (2, 4)  # self-consistency and best-of-N sizes
     mcts_simulations: int = 16

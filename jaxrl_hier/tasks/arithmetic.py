@@ -7,7 +7,8 @@ left to right), each line "a op b=c", and always ends with the answer line:
     prompt "5+3*4="   target (worked) "3*4=12\\n5+12=17\\n#### 17"   target (plain) "#### 17"
 
 Answers can be negative ("2-9=" -> "#### -7"). A problem belongs to the test split when a hash
-of its expression falls below `test_fraction`, so train and test never share an expression,
+of its expression falls below `test_fraction`, to the validation split when it falls in the next
+`validation_fraction`, else to train (`base.split_of`), so no two splits share an expression,
 whatever the seeds.
 """
 
@@ -18,7 +19,7 @@ import random
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import answers_equal, extract_answer
-from jaxrl_hier.tasks.base import Problem, check_split_args, sample_split
+from jaxrl_hier.tasks.base import Problem, check_fractions, check_split_args, sample_split
 from jaxrl_hier.tasks.safe_eval import safe_eval
 
 
@@ -66,6 +67,7 @@ class ArithmeticTask:
     steps: int = 2
     worked: bool = False
     test_fraction: float = 0.1
+    validation_fraction: float = 0.1
     name: str = "arithmetic"
     answer_checkable_on_device = True  # the answer line alone decides correctness
 
@@ -80,9 +82,7 @@ class ArithmeticTask:
                 raise ConfigError(f"arithmetic: {key} must be an integer in [{low}, {high}], got {value!r}.")
         if not isinstance(self.worked, bool):
             raise ConfigError(f"arithmetic: worked must be true or false, got {self.worked!r}.")
-        if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
-                or not 0.0 < self.test_fraction < 1.0:
-            raise ConfigError(f"arithmetic: test_fraction must be in (0, 1), got {self.test_fraction!r}.")
+        check_fractions("arithmetic", self.test_fraction, self.validation_fraction)
 
     def make_problem(self, operands: list[int], ops: list[str]) -> Problem:
         """The problem for a given expression (also used by tests and demos)."""
@@ -103,10 +103,10 @@ class ArithmeticTask:
         return self.make_problem(operands, ops)
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
-        """n problems of `split` ("train" or "test"), deterministic in `seed` (repeats possible)."""
+        """n problems of `split` ("train", "validation" or "test"), deterministic in `seed` (repeats possible)."""
         check_split_args(split, n, seed)
         return sample_split(self._draw, lambda p: f"{self.name}:{p.meta['expression']}", split, n, seed,
-                            self.test_fraction, self.name)
+                            self.test_fraction, self.validation_fraction, self.name)
 
     def is_well_formed(self, problem: Problem, completion: str) -> bool:
         """An answer line "#### <number>" is present."""

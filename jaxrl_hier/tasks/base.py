@@ -18,7 +18,8 @@ import numpy as np
 
 from jaxrl_hier.config import ConfigError, closest
 
-SPLITS = ("train", "test")
+# validation is for choosing settings (sweeps, model selection), test for reporting a chosen one once
+SPLITS = ("train", "validation", "test")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,8 @@ class Problem:
 class Task(Protocol):
     """What a trainer needs from a task.
 
-    `problems(split, n, seed)` is deterministic in `seed`; the train and test splits never share
-    a problem. `is_well_formed` checks the format only (answer line present and parseable, plus
+    `problems(split, n, seed)` is deterministic in `seed`; the train, validation and test splits
+    never share a problem. `is_well_formed` checks the format only (answer line present and parseable, plus
     any task-specific syntax); `is_correct` implies `is_well_formed`.
     Tasks also say whether the on-device reward (`jax_rewards`, which compares the answer line
     with `problem.answer`) judges them fully: `answer_checkable_on_device`.
@@ -72,10 +73,27 @@ def check_split_args(split: str, n: int, seed: int) -> None:
         raise ConfigError(f"seed must be an integer, got {seed!r}.")
 
 
-def split_of(key: str, test_fraction: float) -> str:
-    """The split a problem belongs to, from a hash of its identity (stable across runs and seeds)."""
+def check_fractions(name: str, test_fraction: Any, validation_fraction: Any) -> None:
+    """The hashed shares of the test and validation splits: each in (0, 1), together below 1 (train keeps the rest)."""
+    for key, value in (("test_fraction", test_fraction), ("validation_fraction", validation_fraction)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < 1.0:
+            raise ConfigError(f"{name}: {key} must be in (0, 1), got {value!r}.")
+    if test_fraction + validation_fraction >= 1.0:
+        raise ConfigError(f"{name}: test_fraction + validation_fraction must be below 1 (train keeps the rest), "
+                          f"got {test_fraction} + {validation_fraction}.")
+
+
+def split_of(key: str, test_fraction: float, validation_fraction: float = 0.0) -> str:
+    """The split a problem belongs to, from a hash of its identity (stable across runs and seeds).
+
+    The hash, as a number u in [0, 1), puts u < test_fraction in test (as before validation
+    existed, so the test split is unchanged) and the next `validation_fraction` in validation,
+    carved out of what was train."""
     digest = hashlib.sha256(key.encode()).digest()
-    return "test" if int.from_bytes(digest[:8], "big") / 2.0**64 < test_fraction else "train"
+    u = int.from_bytes(digest[:8], "big") / 2.0**64
+    if u < test_fraction:
+        return "test"
+    return "validation" if u < test_fraction + validation_fraction else "train"
 
 
 def split_rng(seed: int, split: str, salt: str) -> random.Random:
@@ -86,9 +104,10 @@ def split_rng(seed: int, split: str, salt: str) -> random.Random:
     return random.Random(int.from_bytes(digest, "big"))
 
 
-def sample_split(draw: Callable[[random.Random], Problem], key: Callable[[Problem], str],
-                 split: str, n: int, seed: int, test_fraction: float, name: str) -> list[Problem]:
-    """n procedurally drawn problems whose hashed key falls into `split` (rejection sampling)."""
+def sample_split(draw: Callable[[random.Random], Problem], key: Callable[[Problem], str], split: str, n: int,
+                 seed: int, test_fraction: float, validation_fraction: float, name: str) -> list[Problem]:
+    """n procedurally drawn problems whose hashed key falls into `split` (rejection sampling). The
+    draws of a (seed, split) are one stream, so the first k of n problems are those of n = k."""
     rng = split_rng(seed, split, name)
     out: list[Problem] = []
     tries = 0
@@ -99,9 +118,37 @@ def sample_split(draw: Callable[[random.Random], Problem], key: Callable[[Proble
             raise ConfigError(f"{name}: could not draw {n} {split} problems in {budget} tries; the problem "
                               "space is too small for this split. Raise digits/steps (or max_value/count).")
         problem = draw(rng)
-        if split_of(key(problem), test_fraction) == split:
+        if split_of(key(problem), test_fraction, validation_fraction) == split:
             out.append(dataclasses.replace(problem, meta={**problem.meta, "task": name, "split": split}))
     return out
+
+
+#: a procedural split counts as exhausted once this many draws per distinct problem found add none new:
+#: a problem of the split still missing then survives them with probability below e**-10
+EXHAUSTED_AFTER = 10
+
+
+def distinct_problems(task: Any, split: str, n: int, seed: int) -> list[Problem]:
+    """Up to n distinct problems of `split` for evaluation: the first n distinct ones of
+    `task.problems(split, ., seed)`, in its order (so the start of the old with-replacement draw).
+
+    Fewer than n when the split holds fewer: all of a finite pool (`task.size`), or every problem
+    a procedural stream yields before EXHAUSTED_AFTER draws per problem found bring no new one.
+    Draws double until then, so the cost is at most twice the final draw."""
+    check_split_args(split, n, seed)
+    size = getattr(task, "size", None)
+    if callable(size):  # a permutation of the pool: distinct already
+        return task.problems(split, min(n, size(split)), seed)
+    drawn = max(n, 64)
+    while True:
+        problems = task.problems(split, drawn, seed)  # a prefix-stable stream (sample_split)
+        first: dict[str, int] = {}
+        for i, p in enumerate(problems):
+            first.setdefault(p.prompt, i)
+        found = list(first.values())
+        if len(found) >= n or (drawn - 1 - max(found, default=0) >= EXHAUSTED_AFTER * len(found)):
+            return [problems[i] for i in found[:n]]
+        drawn *= 2
 
 
 # ----------------------------------------------------------------------------- rewards

@@ -22,7 +22,7 @@ import random
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, answers_equal, extract_answer
-from jaxrl_hier.tasks.base import Problem, check_split_args, sample_split
+from jaxrl_hier.tasks.base import Problem, check_fractions, check_split_args, sample_split
 from jaxrl_hier.tasks.safe_eval import Evaluation, safe_eval, try_eval
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -55,6 +55,7 @@ class CountdownTask:
     max_value: int = 20
     max_target: int = 100
     test_fraction: float = 0.1
+    validation_fraction: float = 0.1
     name: str = "countdown"
     answer_checkable_on_device = False  # the expression must be checked too
 
@@ -63,9 +64,7 @@ class CountdownTask:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
                 raise ConfigError(f"countdown: {key} must be an integer in [{low}, {high}], got {value!r}.")
-        if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
-                or not 0.0 < self.test_fraction < 1.0:
-            raise ConfigError(f"countdown: test_fraction must be in (0, 1), got {self.test_fraction!r}.")
+        check_fractions("countdown", self.test_fraction, self.validation_fraction)
 
     def make_problem(self, numbers: list[int], target: int, expression: str) -> Problem:
         """The problem for given numbers, target and a solving expression."""
@@ -94,10 +93,10 @@ class CountdownTask:
 
     def problems(self, split: str, n: int, seed: int) -> list[Problem]:
         """n problems of `split`, deterministic in `seed`; the split is a hash of the sorted numbers
-        and the target, so train and test never share a puzzle."""
+        and the target, so no two splits share a puzzle."""
         check_split_args(split, n, seed)
         key = lambda p: f"{self.name}:{sorted(p.meta['numbers'])}:{p.meta['target']}"  # noqa: E731
-        return sample_split(self._draw, key, split, n, seed, self.test_fraction, self.name)
+        return sample_split(self._draw, key, split, n, seed, self.test_fraction, self.validation_fraction, self.name)
 
     def check_expression(self, problem: Problem, completion: str) -> Evaluation | None:
         """The evaluated expression before the answer line, or None when it does not parse or uses

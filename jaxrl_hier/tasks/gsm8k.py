@@ -7,8 +7,10 @@ answer line "#### <number>", as in GSM8K:
 
 The problem's prompt is the question plus a newline; the SFT target is the worked solution with
 GSM8K's calculator annotations "<<...>>" removed (when `worked`), then "#### <answer>". Splits:
-with `test_path`, train comes from `path` (minus any question also in the test file) and test
-from `test_path`; without it, one file is split by a hash of each question (`test_fraction`).
+with `test_path`, test comes from `test_path` and train from `path` (minus any question also in the
+test file), less the validation slice: the questions whose hash falls below `validation_fraction`.
+Without it, one file is split by a hash of each question (`base.split_of`: `test_fraction` of
+it to test, the next `validation_fraction` to validation, the rest to train).
 Any bad file (missing, not UTF-8, a line that is not a JSON object, a missing or non-string
 field, an answer without a numeric "####" line) raises ConfigError naming the file and line.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, answers_equal, extract_answer
-from jaxrl_hier.tasks.base import Problem, check_split_args, split_of, split_rng
+from jaxrl_hier.tasks.base import SPLITS, Problem, check_fractions, check_split_args, split_of, split_rng
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
@@ -74,6 +76,7 @@ class GSM8KTask:
     path: str
     test_path: str | None = None
     test_fraction: float = 0.1
+    validation_fraction: float = 0.1
     worked: bool = True
     name: str = "gsm8k"
     answer_checkable_on_device = True
@@ -84,22 +87,22 @@ class GSM8KTask:
             value = getattr(self, key)
             if not (isinstance(value, (str, Path)) or (key == "test_path" and value is None)):
                 raise ConfigError(f"gsm8k: {key} must be a file path, got {value!r}.")
-        if isinstance(self.test_fraction, bool) or not isinstance(self.test_fraction, (int, float)) \
-                or not 0.0 < self.test_fraction < 1.0:
-            raise ConfigError(f"gsm8k: test_fraction must be in (0, 1), got {self.test_fraction!r}.")
+        check_fractions("gsm8k", self.test_fraction, self.validation_fraction)
         if not isinstance(self.worked, bool):
             raise ConfigError(f"gsm8k: worked must be true or false, got {self.worked!r}.")
         main = load_gsm8k_jsonl(self.path, self.worked)
         if self.test_path is not None:
             test = load_gsm8k_jsonl(self.test_path, self.worked)
             held_out = {p.meta["question"] for p in test}
-            train = [p for p in main if p.meta["question"] not in held_out]
+            # the test file is the test split; validation is a hashed slice of the rest (test share 0)
+            splits = {id(p): split_of(p.meta["question"], 0.0, self.validation_fraction) for p in main
+                      if p.meta["question"] not in held_out}
+            splits.update({id(p): "test" for p in test})
+            main = [p for p in main if id(p) in splits] + test
         else:
-            train = [p for p in main if split_of(p.meta["question"], self.test_fraction) == "train"]
-            test = [p for p in main if split_of(p.meta["question"], self.test_fraction) == "test"]
-        pools = {}
-        for split, pool in (("train", train), ("test", test)):
-            pools[split] = [dataclasses.replace(p, meta={**p.meta, "task": self.name, "split": split}) for p in pool]
+            splits = {id(p): split_of(p.meta["question"], self.test_fraction, self.validation_fraction) for p in main}
+        pools = {split: [dataclasses.replace(p, meta={**p.meta, "task": self.name, "split": split})
+                         for p in main if splits[id(p)] == split] for split in SPLITS}
         object.__setattr__(self, "_pools", pools)
 
     def size(self, split: str) -> int:
@@ -114,7 +117,7 @@ class GSM8KTask:
         pool = self._pools[split]
         if not pool and n:
             raise ConfigError(f"gsm8k: the {split} split of {self.path} is empty; give test_path=... or "
-                              "more problems (or change test_fraction).")
+                              "more problems (or change test_fraction or validation_fraction).")
         rng = split_rng(seed, split, self.name)
         order: list[int] = []
         while len(order) < n:

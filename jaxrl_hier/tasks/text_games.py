@@ -22,7 +22,8 @@ per episode (static shapes). Every environment also yields supervised warm-start
 - `GuessNumberEnv`: guess a secret integer in [1, high]; the oracle answers `higher` or `lower`;
   reward -1 per turn that misses, 0 for the turn that hits, at most `max_turns` turns. Its
   warm-start guesses are uniform over the numbers still possible, so a policy that learns to halve
-  the interval needs fewer turns than the warm-start.
+  the interval needs fewer turns than the warm-start. No secret is held out (the class says why);
+  evaluation plays distinct secrets, all of them when as many are asked.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Sequence
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import extract_answer
-from jaxrl_hier.tasks.base import Problem, check_split_args, split_rng
+from jaxrl_hier.tasks.base import Problem, check_split_args, distinct_problems, split_rng
 
 ACTOR, GUIDANCE = "actor", "guidance"
 HINTS = ("lower", "higher", "right", "none")  # the verdict kind's hints
@@ -124,6 +125,11 @@ class TwoTurnEnv:
 
     def reset(self, split: str, n: int, seed: int) -> list[TwoTurnEpisode]:
         return [TwoTurnEpisode(p) for p in self.task.problems(split, n, seed)]
+
+    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[TwoTurnEpisode]:
+        """Episodes of up to n distinct problems (`distinct_problems`): greedy play of a repeated
+        problem repeats its episode, so repeats would only reweight the mean."""
+        return [TwoTurnEpisode(p) for p in distinct_problems(self.task, split, n, seed)]
 
     def _shown(self, completion: str) -> str:
         answer = extract_answer(completion)
@@ -243,7 +249,13 @@ class GuessNumberEnv:
     """Guess a secret in [1, high] in at most `max_turns` turns; see the module docstring.
 
     State text: "guess 1-16:\\n" then one line per turn, "8 higher\\n". An utterance that is not a
-    number in range counts as a missed turn with the reply "bad"."""
+    number in range counts as a missed turn with the reply "bad".
+
+    There are no held-out secrets: every split draws its secrets from the whole of 1..high, in
+    its own seeded stream. The secret is all a game is, and the state never shows it, so a secret
+    the policy never met in training would only test a prior that training taught it to be wrong
+    (and bisection, the yardstick, assumes the uniform prior over 1..high). What evaluation
+    measures instead is the policy's play over the secrets (`evaluation_episodes`)."""
 
     high: int = 16
     max_turns: int = 5
@@ -262,6 +274,17 @@ class GuessNumberEnv:
         check_split_args(split, n, seed)
         rng = split_rng(seed, split, self.name)
         return [GuessEpisode(rng.randint(1, self.high)) for _ in range(n)]
+
+    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[GuessEpisode]:
+        """Games of up to n distinct secrets, in the order the split's draw meets them: with n >= high
+        every secret once, so greedy play's mean is its exact mean over the uniform prior, where
+        n secrets drawn with replacement weight some of the 16 games more than others."""
+        check_split_args(split, n, seed)
+        rng = split_rng(seed, split, self.name)  # reset's stream
+        secrets: dict[int, None] = {}
+        while len(secrets) < min(n, self.high):
+            secrets.setdefault(rng.randint(1, self.high))
+        return [GuessEpisode(s) for s in secrets]
 
     def header(self) -> str:
         return f"guess 1-{self.high}:\n"

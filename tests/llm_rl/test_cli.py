@@ -26,6 +26,21 @@ def write_config(tmp_path, **overrides):
     return path
 
 
+def test_evaluation_problems_are_distinct_and_logged(capsys):
+    """GRPO's and PGTS's evaluation sets: distinct problems, their count in the log, and a split
+    too small for eval_problems used whole, with a line saying so."""
+    from jaxrl_hier.llm_rl.cli import evaluation_problems
+    from jaxrl_hier.tasks import make_task
+
+    task = make_task("arithmetic", operators="+", digits=1, steps=1)  # about 10 test expressions
+    few = evaluation_problems(task, 4, 0)
+    assert len({p.prompt for p in few}) == 4 and "evaluation: 4 distinct test problems (asked for 4)" in \
+        capsys.readouterr().err
+    every = evaluation_problems(task, 512, 0)
+    assert len({p.prompt for p in every}) == len(every) < 512
+    assert f"the split holds only {len(every)}, all used" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("override, message", [
     ("num_generations=1", "num_generations must be >= 2"),
     ("num_generatoins=4", "Did you mean 'num_generations'"),
@@ -153,6 +168,8 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     recs = records(full / "metrics.jsonl")
     assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]
     assert all("eval/accuracy" in recs[i] for i in (0, 2, 4))
+    # eval_problems=8 distinct test problems (of about 10), counted in the first evaluation record and the SFT summary
+    assert recs[0]["eval/problems"] == 8 and json.loads((full / "sft/DONE").read_text())["eval_problems"] == 8
     samples = records(full / "samples.jsonl")
     assert {"prompt", "completion", "answer", "correct"} <= set(samples[0])
 

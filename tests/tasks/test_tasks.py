@@ -9,6 +9,7 @@ import pytest
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks import (ArithmeticTask, CombinedReward, CountdownTask, GSM8KTask, Problem, Task,
                               correctness_reward, format_reward, length_penalty, make_task, safe_eval, task_reward)
+from jaxrl_hier.tasks.base import SPLITS, distinct_problems, split_of
 
 
 def _keys(problems):
@@ -29,6 +30,70 @@ def test_arithmetic_deterministic_disjoint_and_knobs():
     assert all(re.fullmatch(r"\d[+-]\d=", p.prompt) for p in train)
     assert all(p.meta["task"] == "arithmetic" and p.meta["split"] == "train" for p in train)
     assert any(p.answer.startswith("-") for p in train)  # negative answers occur
+
+
+def _assert_pairwise_disjoint(draw):
+    """Every split non-empty, its problems tagged with it, and no two splits sharing a prompt."""
+    assert SPLITS == ("train", "validation", "test")
+    keys = {split: set() for split in SPLITS}
+    for split in SPLITS:
+        problems = draw(split)
+        assert problems and all(p.meta["split"] == split for p in problems)
+        keys[split] = _keys(problems)
+    for i, a in enumerate(SPLITS):
+        for b in SPLITS[i + 1:]:
+            assert not keys[a] & keys[b], (a, b)
+
+
+@pytest.mark.parametrize("task", [ArithmeticTask(operators="+-", digits=1, steps=2),  # 4,000 expressions
+                                  CountdownTask(count=3, max_value=6, max_target=30)])
+def test_procedural_splits_pairwise_disjoint(task):
+    # several seeds and enough draws to cover most of each split of the small spaces
+    _assert_pairwise_disjoint(lambda split: [p for seed in range(3) for p in task.problems(split, 1500, seed)])
+
+
+def test_validation_leaves_test_as_it_was_and_comes_out_of_train():
+    """Seed 0's draws before the validation split existed (old train / test): test is the same, and
+    train is the same stream less the problems that became validation ones."""
+    task = make_task("arithmetic", operators="+-", digits=1, steps=2)
+    assert [p.prompt for p in task.problems("test", 6, 0)] == ["7+1+6=", "1+2-2=", "4+4-0=", "5-8+5=", "2+6-3=", "9+1-4="]
+    old_train = ["7+2+1=", "4-4-6=", "8-4-2=", "4+7+4=", "2+5+3=", "1-2+3="]
+    assert [p.prompt for p in task.problems("train", 5, 0)] == old_train[1:]
+    assert "7+2+1=" in _keys(task.problems("validation", 4000, 0))
+    countdown = CountdownTask()
+    assert [p.prompt for p in countdown.problems("test", 3, 0)] == \
+        ["make 20 from 2 3 11 15:", "make 33 from 5 2 18 12:", "make 76 from 3 16 10 18:"]
+
+
+@pytest.mark.parametrize("kwargs", [{"validation_fraction": 0.0}, {"validation_fraction": True},
+                                    {"test_fraction": 0.5, "validation_fraction": 0.5}])
+def test_bad_validation_fraction(kwargs):
+    for name in ("arithmetic", "countdown"):
+        with pytest.raises(ConfigError, match=r"validation_fraction (must be|got \d)"):
+            make_task(name, **kwargs)
+
+
+def test_distinct_problems_are_the_stream_without_repeats():
+    task = ArithmeticTask(operators="+", digits=1, steps=1)  # 100 expressions, about 10 of them test
+    stream = task.problems("test", 40, 0)
+    assert len(_keys(stream)) < 40  # drawn with replacement, the stream repeats
+    first = list(dict.fromkeys(p.prompt for p in stream))
+    few = distinct_problems(task, "test", 3, 0)
+    assert [p.prompt for p in few] == first[:3]  # the start of the old draw, repeats dropped
+    # more asked than the split holds: every test expression, each once
+    every = {f"{a}+{b}=" for a in range(10) for b in range(10)
+             if split_of(f"arithmetic:{a}+{b}", task.test_fraction, task.validation_fraction) == "test"}
+    many = distinct_problems(task, "test", 500, 0)
+    assert len(many) == len(_keys(many)) == len(every) < 500 and _keys(many) == every
+
+
+def test_distinct_problems_of_a_finite_pool(tmp_path):
+    task = GSM8KTask(path=str(_write(tmp_path / "g.jsonl", [_gsm(i) for i in range(40)])), test_fraction=0.3)
+    size = task.size("test")
+    assert 3 < size < 40
+    assert len(_keys(distinct_problems(task, "test", 3, 0))) == 3
+    assert _keys(distinct_problems(task, "test", 100, 0)) == _keys(task.problems("test", size, 0))
+    assert len(distinct_problems(task, "test", 100, 0)) == size
 
 
 def test_arithmetic_worked_target_follows_precedence():
@@ -58,7 +123,7 @@ def test_arithmetic_is_correct():
 @pytest.mark.parametrize("kwargs, match", [
     ({"operators": "+/"}, "operators"), ({"operators": ""}, "operators"), ({"digits": 0}, "digits"),
     ({"steps": 0}, "steps"), ({"steps": 2.5}, "steps"), ({"worked": "yes"}, "worked"),
-    ({"test_fraction": 1.0}, "test_fraction"), ({"digit": 2}, "Did you mean 'digits'"),
+    ({"test_fraction": 1.0}, "test_fraction must be"), ({"digit": 2}, "Did you mean 'digits'"),
 ])
 def test_arithmetic_bad_options(kwargs, match):
     with pytest.raises(ConfigError, match=match):
@@ -133,11 +198,15 @@ def _gsm(i):
 
 def test_gsm8k_one_file_split(tmp_path):
     path = _write(tmp_path / "gsm.jsonl", [_gsm(i) for i in range(998, 1058)] + [""])
-    task = make_task("gsm8k", path=str(path), test_fraction=0.25)
-    assert task.size("train") + task.size("test") == 60 and task.size("test") > 0
+    task = make_task("gsm8k", path=str(path), test_fraction=0.25, validation_fraction=0.25)
+    assert sum(task.size(s) for s in SPLITS) == 60 and task.size("test") > 0 and task.size("validation") > 0
+    _assert_pairwise_disjoint(lambda split: task.problems(split, task.size(split), 0))
     train, test = task.problems("train", task.size("train"), 0), task.problems("test", task.size("test"), 0)
-    assert not _keys(train) & _keys(test) and len(_keys(train)) == task.size("train")
-    p = next(q for q in train + test if q.meta["line"] == 3)
+    assert len(_keys(train)) == task.size("train")
+    # the test split is what it was before validation: the hash's lowest quarter, whatever validation takes
+    assert _keys(test) == _keys(make_task("gsm8k", path=str(path), test_fraction=0.25,
+                                          validation_fraction=0.5).problems("test", task.size("test"), 0))
+    p = next(q for split in SPLITS for q in task.problems(split, task.size(split), 0) if q.meta["line"] == 3)
     assert p.prompt == "Tom has 1000 apples and buys 2. How many?\n" and p.answer == "1002"
     assert p.target == "1000+2=1002\n#### 1002"   # calculator annotation gone, comma normalised
     assert task.is_correct(p, "so 1,002\n#### 1,002") and not task.is_correct(p, "#### 1000")
@@ -149,9 +218,11 @@ def test_gsm8k_one_file_split(tmp_path):
 def test_gsm8k_two_files_are_disjoint(tmp_path):
     train = _write(tmp_path / "train.jsonl", [_gsm(i) for i in range(10)])
     test = _write(tmp_path / "test.jsonl", [_gsm(i) for i in range(8, 12)])
-    task = GSM8KTask(path=str(train), test_path=str(test))
-    assert task.size("train") == 8 and task.size("test") == 4
-    assert not _keys(task.problems("train", 8, 0)) & _keys(task.problems("test", 4, 0))
+    task = GSM8KTask(path=str(train), test_path=str(test), validation_fraction=0.3)
+    # the test file is the test split; validation is a hashed slice of the other 8
+    assert task.size("train") + task.size("validation") == 8 and task.size("test") == 4 and task.size("validation")
+    _assert_pairwise_disjoint(lambda split: task.problems(split, task.size(split), 0))
+    assert _keys(task.problems("test", 4, 0)) == {f"Tom has {i} apples and buys 2. How many?\n" for i in range(8, 12)}
 
 
 @pytest.mark.parametrize("lines, line_no, match", [

@@ -157,3 +157,23 @@ def test_guess_number_bad_options():
         GuessNumberEnv(high=1)
     with pytest.raises(ConfigError, match="max_turns"):
         GuessNumberEnv(max_turns=0)
+
+
+def test_guess_number_evaluation_plays_every_secret_once():
+    """The evaluation games: distinct secrets in the order the split's draw meets them, every secret
+    of 1..high once when as many are asked (greedy play's mean over the uniform prior)."""
+    env = GuessNumberEnv(high=16)
+    stream = [ep.secret for ep in env.reset("test", 64, 0)]
+    assert len(set(stream)) < 64  # the old evaluation's draw: secrets repeat
+    assert [ep.secret for ep in env.evaluation_episodes("test", 5, 0)] == list(dict.fromkeys(stream))[:5]
+    every = [ep.secret for ep in env.evaluation_episodes("test", 256, 0)]
+    assert sorted(every) == list(range(1, 17))
+    # no secret is held out: training draws from the same range (the split is a seed stream, documented)
+    assert set(ep.secret for ep in env.reset("train", 256, 0)) == set(every)
+
+
+def test_two_turn_evaluation_episodes_are_distinct_problems(two_turn):
+    episodes = two_turn.evaluation_episodes("test", 512, 0)
+    prompts = [ep.problem.prompt for ep in episodes]
+    assert len(set(prompts)) == len(prompts) == 403  # the whole test split of 1-digit a+b-c problems, once each
+    assert all(ep.turn == 0 and not ep.done for ep in episodes)
