@@ -267,7 +267,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             log(f"GRPO resumed at step {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
-        if start == 0:
+        if run.first_row_due(writer):
             ev = trainer.evaluate(state, test)
             writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
         progress = progress_bar(args, config.total_steps, start, config.loss_type)

@@ -173,7 +173,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"guided agent resumed at iteration {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
-        if start == 0:
+        if run.first_row_due(writer):
             ev, _ = agent.evaluate(state, test())
             writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()}})
         progress = progress_bar(args, config.iterations, start, f"guided-{config.env}")

@@ -492,8 +492,12 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
         if start:
             log(f"PGTS PPO resumed at update {start}")
         writer = run.log(out)
-        trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() and start else []
-        trees = [t for t in trees if t.strip() and _tree_update(t) <= start]
+        evaluate_first = total > 0 and run.first_row_due(writer)
+        # trees.txt holds a tree per logged evaluation: those of the kept rows stay, and an update-0
+        # tree whose row was not logged goes, as that evaluation runs again
+        last_kept = -1 if evaluate_first else start
+        trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() else []
+        trees = [t for t in trees if t.strip() and _tree_update(t) <= last_kept]
 
         def evaluate(update: int, rec: dict) -> None:
             states, row = run_search(search, net(runner), test_params, len(test), seed=config.seed)
@@ -505,7 +509,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
             if primary:
                 atomic_write_text(trees_path, "".join(f"=== {t.removeprefix('=== ')}\n\n" for t in trees))
 
-        if start == 0 and total > 0:
+        if evaluate_first:
             rec = {"update": 0}
             evaluate(0, rec)
             writer.write(rec)
