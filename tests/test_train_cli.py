@@ -232,3 +232,19 @@ def test_episode_gif_frames_are_scaled_and_captioned():
     np.testing.assert_array_equal(annotate_frames(frames, None, scale=2), frames.repeat(2, 1).repeat(2, 2))
     with pytest.raises(ValueError, match="3 frames but 2 achievement lists"):
         annotate_frames(frames, names[:2])
+
+
+def test_progress_bar_closes_when_the_loop_fails():
+    """Every training loop draws its bar in `with progress_bar(...)`: an error in the loop closes the
+    bar (tqdm finishes its line and stops its monitor thread) before the traceback is printed."""
+    import argparse
+
+    from jaxrl_hier.runs import progress_bar
+
+    with pytest.raises(RuntimeError, match="in the loop"):
+        with progress_bar(argparse.Namespace(no_progress=False), 10, 2, "test") as bar:
+            bar.update(1)
+            raise RuntimeError("in the loop")
+    assert bar.n == 3 and bar.disable  # tqdm.close() disables the bar
+    with progress_bar(argparse.Namespace(no_progress=True), 10, 0, "test") as bar:
+        assert bar is None

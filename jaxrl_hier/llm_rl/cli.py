@@ -121,11 +121,10 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
         if start:
             log(f"SFT resumed at step {start}")
         writer = run.log(stage)
-        progress = progress_bar(args, config.sft_steps, start, "sft")
         # targets cut to max_new_tokens since the last record (a record covers log_every steps), and in all;
         # logged at the first only, as a long-tailed file would cut some at every step
         truncated = total_truncated = 0
-        try:
+        with progress_bar(args, config.sft_steps, start, "sft") as progress:
             for step in range(start + 1, config.sft_steps + 1):
                 state, metrics = sft.train_step(state, step - 1)
                 if metrics["truncated_targets"] and not total_truncated:
@@ -143,9 +142,6 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
                 if progress is not None:
                     progress.update(1)
                 run.save_if_due(step, state)  # the end is saved as the stage's model, not as a checkpoint
-        finally:
-            if progress is not None:
-                progress.close()
     params, adapter = sft.params_and_lora(state)
     params = merge_lora(params, adapter)
     test = task.problems("test", config.eval_problems, config.seed)
@@ -270,30 +266,28 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
         if run.first_row_due(writer):
             ev = trainer.evaluate(state, test)
             writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
-        progress = progress_bar(args, config.total_steps, start, config.loss_type)
-        step = start
-        while step < config.total_steps:
-            state, metrics, samples = trainer.step(state)
-            step += 1
-            if metrics.get("update_skipped"):
-                log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
-                    "the optimiser update was skipped")
-            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
-                ev = trainer.evaluate(state, test)
-                rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
-            if step % config.log_every == 0 or "eval/accuracy" in rec:
-                writer.write(rec)
-            if config.sample_log_count and step % config.log_every == 0:
-                for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
-                                         trainer.rewards):
-                    samples_writer.write(s)
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
-            run.save_if_due(step, state)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, config.total_steps, start, config.loss_type) as progress:
+            step = start
+            while step < config.total_steps:
+                state, metrics, samples = trainer.step(state)
+                step += 1
+                if metrics.get("update_skipped"):
+                    log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
+                        "the optimiser update was skipped")
+                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+                if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
+                    ev = trainer.evaluate(state, test)
+                    rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+                if step % config.log_every == 0 or "eval/accuracy" in rec:
+                    writer.write(rec)
+                if config.sample_log_count and step % config.log_every == 0:
+                    for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
+                                             trainer.rewards):
+                        samples_writer.write(s)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
+                run.save_if_due(step, state)
     params, adapter = trainer.params_and_lora(state)
     if primary:
         final = merge_lora(params, adapter)

@@ -176,27 +176,25 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         if run.first_row_due(writer):
             ev, _ = agent.evaluate(state, test())
             writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()}})
-        progress = progress_bar(args, config.iterations, start, f"guided-{config.env}")
-        step = start
-        while step < config.iterations:
-            state, metrics, episodes = agent.iteration(state)
-            step += 1
-            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
-                ev, _ = agent.evaluate(state, test())
-                rec.update({f"eval/{k}": v for k, v in ev.items()})
-            if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
-                writer.write(rec)
-            if config.sample_log_count and step % config.log_every == 0:
-                for ep in episodes[:config.sample_log_count]:
-                    samples_writer.write({"update": step, "step": step, **env.record(ep)})
-            if progress is not None:
-                progress.update(1)
-                shown = ("train/turn2_accuracy", "train/turns")
-                progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
-            run.save_if_due(step, state)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, config.iterations, start, f"guided-{config.env}") as progress:
+            step = start
+            while step < config.iterations:
+                state, metrics, episodes = agent.iteration(state)
+                step += 1
+                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+                if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
+                    ev, _ = agent.evaluate(state, test())
+                    rec.update({f"eval/{k}": v for k, v in ev.items()})
+                if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
+                    writer.write(rec)
+                if config.sample_log_count and step % config.log_every == 0:
+                    for ep in episodes[:config.sample_log_count]:
+                        samples_writer.write({"update": step, "step": step, **env.record(ep)})
+                if progress is not None:
+                    progress.update(1)
+                    shown = ("train/turn2_accuracy", "train/turns")
+                    progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
+                run.save_if_due(step, state)
     if primary:
         for name, directory in (("actor", "model"), ("guidance", "guidance_model")):
             if name in state.policy:

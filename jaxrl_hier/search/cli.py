@@ -514,26 +514,24 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
             evaluate(0, rec)
             writer.write(rec)
         steps_per_update = ppo_cfg.steps_per_update
-        progress = progress_bar(args, total, start, "pgts ppo")
-        update = start
-        t0 = time.perf_counter()
-        while update < total:
-            n = min(config.log_every, total - update)
-            runner, rec, elapsed = train_chunk(trainer, runner, n)
-            update += n
-            rec.update(update=update, env_steps=update * steps_per_update, search_steps_per_s=n * steps_per_update / elapsed,
-                       time_s=time.perf_counter() - t0)
-            if (config.eval_every and update % config.eval_every == 0) or update == total:
-                evaluate(update, rec)
-            writer.write(rec)
-            if progress is not None:
-                progress.update(n)
-                acc = rec.get("achievement/correct")
-                progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
-                                     acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
-            run.save_if_due(update, runner)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, total, start, "pgts ppo") as progress:
+            update = start
+            t0 = time.perf_counter()
+            while update < total:
+                n = min(config.log_every, total - update)
+                runner, rec, elapsed = train_chunk(trainer, runner, n)
+                update += n
+                rec.update(update=update, env_steps=update * steps_per_update,
+                           search_steps_per_s=n * steps_per_update / elapsed, time_s=time.perf_counter() - t0)
+                if (config.eval_every and update % config.eval_every == 0) or update == total:
+                    evaluate(update, rec)
+                writer.write(rec)
+                if progress is not None:
+                    progress.update(n)
+                    acc = rec.get("achievement/correct")
+                    progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
+                                         acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
+                run.save_if_due(update, runner)
     if primary:
         plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
     return search, net(runner), None if start_params is None else {"params": start_params}
