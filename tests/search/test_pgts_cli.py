@@ -47,6 +47,23 @@ def test_swap_siblings_need_greedy_first_children(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
+    """PPO anneals its learning rate over total_timesteps: a resume with another length would go on
+    at rates the checkpoint was not trained to, so it is refused (as by PPO's own CLI) before
+    anything is written."""
+    from jaxrl_hier.config import build_dataclass, parse_overrides, read_yaml
+    from jaxrl_hier.runs import save_run_config
+    from jaxrl_hier.search.config import PGTSConfig
+
+    out = tmp_path / "run"
+    raw = {**read_yaml("configs/pgts_arithmetic.yaml"), **parse_overrides(TINY)}
+    save_run_config(out / "config.yaml", raw.pop("algorithm"), build_dataclass(PGTSConfig, raw))
+    before = (out / "config.yaml").read_bytes()
+    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "total_timesteps=128"]) == 2
+    assert "cannot change 'total_timesteps' on --resume (64 in the run, 128 asked)" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_bytes() == before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["configs/pgts_arithmetic_paper.yaml", "configs/pgts_arithmetic.yaml"])
 def test_pipeline_end_to_end(tmp_path, capsys, config):
