@@ -248,3 +248,28 @@ def test_progress_bar_closes_when_the_loop_fails():
     assert bar.n == 3 and bar.disable  # tqdm.close() disables the bar
     with progress_bar(argparse.Namespace(no_progress=True), 10, 0, "test") as bar:
         assert bar is None
+
+
+def test_no_library_module_or_other_family_imports_a_cli():
+    """A CLI file is an entry point only: what two entry points share lives in a library module
+    (the warm-start in llm_rl.sft_stage, the run directory in jaxrl_hier.runs). Only a package's
+    own __main__ may import its CLI."""
+    import ast
+    import re
+
+    is_cli = re.compile(r"(^|_)cli$").search
+    found = []
+    for path in (ROOT / "jaxrl_hier").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for module in modules:
+                package, _, name = module.rpartition(".")
+                own_main = path.name == "__main__.py" and package == ".".join(path.relative_to(ROOT).parent.parts)
+                if is_cli(name) and not own_main:
+                    found.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert found == []

@@ -58,7 +58,7 @@ def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
 
 
 def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
-    """The keys `cli.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
+    """The keys `sft_stage.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
     return SimpleNamespace(sft_lora=False, lora_rank=config.lora_rank, sft_steps=config.sft_steps,
                            sft_batch_size=config.sft_batch_size, sft_learning_rate=config.sft_learning_rate,
                            sft_warmup_steps=config.sft_warmup_steps, max_prompt_length=state_len,
@@ -129,7 +129,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     import jax
 
     from jaxrl_hier.llm import merge_lora, save_pretrained
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.guided import make_train
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.logging import read_jsonl

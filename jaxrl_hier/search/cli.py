@@ -36,7 +36,7 @@ from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
 def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
-    from jaxrl_hier.llm_rl.cli import policy_tokenizer
+    from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
     from jaxrl_hier.tasks import ArithmeticTask
 
     task = ArithmeticTask(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
@@ -142,7 +142,7 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     import dataclasses
 
     from jaxrl_hier.io import atomic_write_json
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
 
@@ -416,7 +416,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     check_inputs(config, task, tokenizer)
     config.ppo_config().validate()
 
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 
     sft_cfg = config.sft_config()
