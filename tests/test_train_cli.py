@@ -273,3 +273,27 @@ def test_no_library_module_or_other_family_imports_a_cli():
                 if is_cli(name) and not own_main:
                     found.append(f"{path.relative_to(ROOT)} imports {module}")
     assert found == []
+
+
+def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):
+    """The learning curves and PGTS's accuracy-vs-tokens plot go through logging.metrics.save_figure:
+    a whole PNG or nothing at the path, and no figure left open across a long run's plots."""
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.llm_rl.cli import plot_grpo_curve
+    from jaxrl_hier.llm_rl.guided_cli import plot_guided_curve
+    from jaxrl_hier.search.cli import plot_accuracy_vs_tokens, plot_pgts_curve
+
+    rows = [{"step": s, "update": s, "reward": 0.1 * s, "accuracy": 0.2, "episode_return": 1.0 + s,
+             "achievement/correct": 0.5, "eval/accuracy": 0.3, "train/turns": 3.0, "eval/turns": 2.0} for s in range(3)]
+    methods = [{"method": "CoT greedy", "tokens": 10.0, "accuracy": 0.4},
+               {"method": "self-consistency@2", "tokens": 20.0, "accuracy": 0.5}]
+    plots = {"grpo.png": lambda p: plot_grpo_curve(rows, p, "grpo"),
+             "guided.png": lambda p: plot_guided_curve(rows, p, "guided", "guess_number"),
+             "pgts.png": lambda p: plot_pgts_curve(rows, p, "pgts"),
+             "tokens.png": lambda p: plot_accuracy_vs_tokens(methods, p, "tokens")}
+    for name, plot in plots.items():
+        plot(tmp_path / name)
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert plt.get_fignums() == [], name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plots)  # no temporary file left beside them

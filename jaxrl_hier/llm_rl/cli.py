@@ -93,14 +93,12 @@ def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config
 
 def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in records]
@@ -113,11 +111,8 @@ def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:

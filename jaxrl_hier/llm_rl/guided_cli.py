@@ -72,14 +72,12 @@ def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
 
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
     """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
@@ -95,11 +93,8 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def run_guided(args: argparse.Namespace, raw_config: dict) -> int:

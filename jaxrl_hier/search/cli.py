@@ -252,14 +252,12 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
 
 def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     pts = [(r["update"], r.get("episode_return"), r.get("achievement/correct")) for r in records
@@ -277,10 +275,7 @@ def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def results_table(rows: list[dict]) -> str:
@@ -294,14 +289,12 @@ def results_table(rows: list[dict]) -> str:
 
 
 def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     families: dict[str, list[dict]] = {}
@@ -317,10 +310,7 @@ def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any, problems: list,
