@@ -36,16 +36,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from jaxrl_hier.bench import device_info
-from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
+from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.llm import memory, memory_case
 from jaxrl_hier.llm.model_config import ModelConfig
+from jaxrl_hier.logging.metrics import save_figure
 
 ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -132,9 +132,7 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
            ylabel="planner activation estimate (MiB)", title="activation estimate vs compiled step")
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi=100)
 
 
 def _size(n: int | None, unit: int) -> str:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.bench import UNROLL_DECODE
-from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
+from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.llm import decoder, memory, sampling
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -150,12 +150,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from jaxrl_hier.logging.metrics import save_figure
 
     recs = result["records"]
     batches = [r["batch"] for r in recs]
@@ -170,9 +170,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax[1].set(xlabel="batch size", ylabel="MiB", title="memory")
     ax[1].legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi=100)
 
 
 def main() -> None:

@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         pipeline_s = time.perf_counter() - tick
     config = load_saved_config(PGTSConfig, run_dir)
     task, tokenizer = cli.make_task_and_tokenizer(config)
-    from jaxrl_hier.llm_rl.cli import evaluation_problems, run_sft_stage
+    from jaxrl_hier.llm_rl.data import evaluation_problems
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 
     sft_cfg = config.sft_config()

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hier.bench import device_info
     from jaxrl_hier.config import ConfigError
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
-    from jaxrl_hier.llm_rl.cli import evaluation_problems
+    from jaxrl_hier.llm_rl.data import evaluation_problems
     from jaxrl_hier.search import cli
 
     try:

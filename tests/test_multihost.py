@@ -122,3 +122,21 @@ def test_two_processes_match_four_devices_and_resume_after_kill(tmp_path):
     assert_same_metrics(records(multi), records(single))
     assert (multi / "learning_curve.png").stat().st_size > 1000
     assert sorted(p.name for p in (multi / "checkpoints").iterdir() if p.name.isdigit()) == ["30", "40"]
+
+
+def test_from_primary_gives_every_process_the_value_of_process_0():
+    """ResumableRun.first_row_due decides from metrics.jsonl, which process 0 alone reads, whether to
+    run the step-0 evaluation; every process must take that branch alike, as the evaluation may be
+    collective. Process 1 gets process 0's value, whatever its own."""
+    code = ("import jax; from jaxrl_hier.runs import from_primary, init_distributed; init_distributed(); "
+            "print(from_primary(jax.process_index() == 0), from_primary(jax.process_index() == 1))")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, env=env_for(1, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                                     JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)))
+             for i in range(2)]
+    try:
+        printed = [p.communicate(timeout=TIMEOUT)[0].splitlines()[-1] for p in procs]  # after gloo's own lines
+    finally:
+        kill(procs)
+    assert printed == ["True False", "True False"]

@@ -232,3 +232,68 @@ def test_episode_gif_frames_are_scaled_and_captioned():
     np.testing.assert_array_equal(annotate_frames(frames, None, scale=2), frames.repeat(2, 1).repeat(2, 2))
     with pytest.raises(ValueError, match="3 frames but 2 achievement lists"):
         annotate_frames(frames, names[:2])
+
+
+def test_progress_bar_closes_when_the_loop_fails():
+    """Every training loop draws its bar in `with progress_bar(...)`: an error in the loop closes the
+    bar (tqdm finishes its line and stops its monitor thread) before the traceback is printed."""
+    import argparse
+
+    from jaxrl_hier.runs import progress_bar
+
+    with pytest.raises(RuntimeError, match="in the loop"):
+        with progress_bar(argparse.Namespace(no_progress=False), 10, 2, "test") as bar:
+            bar.update(1)
+            raise RuntimeError("in the loop")
+    assert bar.n == 3 and bar.disable  # tqdm.close() disables the bar
+    with progress_bar(argparse.Namespace(no_progress=True), 10, 0, "test") as bar:
+        assert bar is None
+
+
+def test_no_library_module_or_other_family_imports_a_cli():
+    """A CLI file is an entry point only: what two entry points share lives in a library module
+    (the warm-start in llm_rl.sft_stage, the run directory in jaxrl_hier.runs). Only a package's
+    own __main__ may import its CLI."""
+    import ast
+    import re
+
+    is_cli = re.compile(r"(^|_)cli$").search
+    found = []
+    for path in (ROOT / "jaxrl_hier").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            for module in modules:
+                package, _, name = module.rpartition(".")
+                own_main = path.name == "__main__.py" and package == ".".join(path.relative_to(ROOT).parent.parts)
+                if is_cli(name) and not own_main:
+                    found.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert found == []
+
+
+def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):
+    """The learning curves and PGTS's accuracy-vs-tokens plot go through logging.metrics.save_figure:
+    a whole PNG or nothing at the path, and no figure left open across a long run's plots."""
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.llm_rl.cli import plot_grpo_curve
+    from jaxrl_hier.llm_rl.guided_cli import plot_guided_curve
+    from jaxrl_hier.search.cli import plot_accuracy_vs_tokens, plot_pgts_curve
+
+    rows = [{"step": s, "update": s, "reward": 0.1 * s, "accuracy": 0.2, "episode_return": 1.0 + s,
+             "achievement/correct": 0.5, "eval/accuracy": 0.3, "train/turns": 3.0, "eval/turns": 2.0} for s in range(3)]
+    methods = [{"method": "CoT greedy", "tokens": 10.0, "accuracy": 0.4},
+               {"method": "self-consistency@2", "tokens": 20.0, "accuracy": 0.5}]
+    plots = {"grpo.png": lambda p: plot_grpo_curve(rows, p, "grpo"),
+             "guided.png": lambda p: plot_guided_curve(rows, p, "guided", "guess_number"),
+             "pgts.png": lambda p: plot_pgts_curve(rows, p, "pgts"),
+             "tokens.png": lambda p: plot_accuracy_vs_tokens(methods, p, "tokens")}
+    for name, plot in plots.items():
+        plot(tmp_path / name)
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert plt.get_fignums() == [], name
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plots)  # no temporary file left beside them

@@ -90,10 +90,9 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch")
         writer = run.log(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
                          wandb_project=config.wandb_project, config=to_dict(config))
-        progress = progress_bar(args, total * steps_per_update, start * steps_per_update, config.env)
         update = start
         compile_s = None
-        try:
+        with progress_bar(args, total * steps_per_update, start * steps_per_update, config.env) as progress:
             while update < total:
                 n = min(config.log_every, total - update)
                 runner, rec, elapsed = train_chunk(trainer, runner, n)
@@ -109,9 +108,6 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
                     progress.set_postfix(fps=f"{rec['fps']:.0f}",
                                          ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
                 run.save_if_due(update, runner)
-        finally:
-            if progress is not None:
-                progress.close()
 
     if not primary:
         return 0

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm.decoder import KVCache
+from jaxrl_hier.llm.decoder import KVCache, default_positions
 from jaxrl_hier.llm.jit_cache import JitCache
 
 DEFAULT_MIN_BUCKET = 16
@@ -156,11 +156,6 @@ def _log_dist(logits: jax.Array, plain: bool, temperature: Any, top_k: int | Non
     return filter_logits(logits, temperature, top_k, top_p)
 
 
-def _positions(mask: jax.Array) -> jax.Array:
-    """Position ids of left-padded rows: 0 at the first real token (padding clipped to 0)."""
-    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-
-
 def _call(lm: Any, params: Any, ids: jax.Array, mask: jax.Array, lora: Any, **kw: Any) -> tuple[jax.Array, Any]:
     if lora is not None:
         kw["lora"] = lora
@@ -245,7 +240,7 @@ def sample_tokens(lm: Any, params: Any, input_ids: jax.Array, attention_mask: ja
         prompts, group = batch, 1
         cache = lm.init_cache(prompts, prompt_len + n)
     cache_mask = jnp.concatenate([attention_mask, jnp.zeros((prompts, n), jnp.int32)], axis=1)
-    last, cache, _ = _last_logits(lm, params, input_ids, cache_mask, lora, positions=_positions(attention_mask),
+    last, cache, _ = _last_logits(lm, params, input_ids, cache_mask, lora, positions=default_positions(attention_mask),
                                   cache=cache, cache_index=0)
     if group > 1:  # each prompt's logits, cache and mask for each of its samples
         last, cache_mask, attention_mask = (jnp.repeat(a, group, axis=0) for a in (last, cache_mask, attention_mask))
@@ -476,7 +471,7 @@ def _row_blocks(lm: Any, params: Any, hidden: jax.Array, targets: jax.Array, pla
 def _token_logprobs_impl(lm: Any, params: Any, input_ids: jax.Array, attention_mask: jax.Array, lora: Any,
                          plain: bool, temperature: Any, top_k: int | None, top_p: Any, suppress: tuple[int, ...],
                          chunk_size: int, want_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
-    positions = _positions(attention_mask)
+    positions = default_positions(attention_mask)
     if _split(lm):
         kw = {} if lora is None else {"lora": lora}
         hidden, _ = lm.hidden_and_cache(params, input_ids, attention_mask, positions=positions, **kw)

@@ -20,13 +20,14 @@ uninterrupted run (the problems of a step are drawn from the seed and the step).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.llm_rl.data import evaluation_problems
+from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
 
@@ -35,36 +36,8 @@ GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_pr
                          "keep_checkpoints", "total_steps")
 
 
-def policy_tokenizer(model_path: str | None, algorithm: str) -> Any:
-    """The tokenizer of a run: the tiny character tokenizer for a from-scratch model, else the one
-    saved in the local `model_path` (ConfigError when the directory or its tokenizer is missing)."""
-    from jaxrl_hier.tasks import build_char_tokenizer
-
-    if model_path is None:
-        return build_char_tokenizer()
-    from jaxrl_hier.llm.checkpoint import _load_tokenizer
-
-    if not Path(model_path).is_dir():
-        raise ConfigError(f"model_path {model_path} is not a local directory (nothing is downloaded).")
-    tokenizer = _load_tokenizer(Path(model_path))
-    if tokenizer is None:
-        raise ConfigError(f"{model_path} holds no tokenizer (tokenizer.json); {algorithm} needs one.")
-    return tokenizer
-
-
-def evaluation_problems(task: Any, n: int, seed: int, split: str = "test") -> list:
-    """The distinct problems an evaluation uses (`tasks.base.distinct_problems`), and a log line
-    with their count: a split with repeats would count a problem several times and overstate how
-    many were seen, so a split holding fewer than n gives all of its problems, and says so."""
-    from jaxrl_hier.tasks.base import distinct_problems
-
-    problems = distinct_problems(task, split, n, seed)
-    short = f"; the split holds only {len(problems)}, all used" if len(problems) < n else ""
-    log(f"evaluation: {len(problems)} distinct {split} problems (asked for {n}{short})")
-    return problems
-
-
 def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
+    from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
     from jaxrl_hier.tasks import make_task
 
     kwargs: dict[str, Any] = {}
@@ -100,86 +73,6 @@ def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
                        "train targets (solution + answer line + EOS)", "max_new_tokens")
 
 
-def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
-                  mesh: Any, config_file: RunConfigFile | None = None) -> tuple[Any, dict]:
-    """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary.
-    `config_file`: the run's config.yaml, written once the stage's checkpoint is restored."""
-    import jax
-
-    from jaxrl_hier.llm import load_pretrained, merge_lora, save_pretrained
-    from jaxrl_hier.llm_rl.grpo import evaluate_policy
-    from jaxrl_hier.llm_rl.model_setup import build_lora
-    from jaxrl_hier.llm_rl.sft import SFT
-
-    stage = out / "sft"
-    done = stage / "DONE"
-    if done.is_file():
-        info = json.loads(done.read_text())
-        model = load_pretrained(stage / "model", dtype=lm.dtype, mesh=mesh)
-        model.tokenizer = tokenizer
-        log(f"SFT stage already complete ({stage}): held-out accuracy {info.get('eval_accuracy')}")
-        return model, info
-    lora = build_lora(config, lm, mesh) if config.sft_lora else None
-    sft = SFT(lm, tokenizer, task, steps=config.sft_steps, batch_size=config.sft_batch_size,
-              learning_rate=config.sft_learning_rate, warmup_steps=config.sft_warmup_steps,
-              max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens, seed=config.seed,
-              lora=lora)
-    state = sft.init()
-    t0 = time.perf_counter()
-    with ResumableRun(stage / "checkpoints", {"stage": "sft"}, keep=config.keep_checkpoints,
-                      every=config.sft_checkpoint_every, total=None, resume=True, primary=is_primary(),
-                      config_file=config_file) as run:
-        state, start = run.restore(state)
-        if start:
-            log(f"SFT resumed at step {start}")
-        writer = run.log(stage)
-        progress = progress_bar(args, config.sft_steps, start, "sft")
-        # targets cut to max_new_tokens since the last record (a record covers log_every steps), and in all;
-        # logged at the first only, as a long-tailed file would cut some at every step
-        truncated = total_truncated = 0
-        try:
-            for step in range(start + 1, config.sft_steps + 1):
-                state, metrics = sft.train_step(state, step - 1)
-                if metrics["truncated_targets"] and not total_truncated:
-                    log(f"SFT step {step}: {metrics['truncated_targets']} of {config.sft_batch_size} targets are "
-                        f"longer than max_new_tokens={config.max_new_tokens} and lose their end (answer line, "
-                        "EOS); metrics.jsonl counts them as truncated_targets. Raise max_new_tokens.")
-                truncated += metrics["truncated_targets"]
-                total_truncated += metrics["truncated_targets"]
-                if step % config.log_every == 0 or step == config.sft_steps:
-                    rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    rec["truncated_targets"], truncated = float(truncated), 0
-                    writer.write({"update": step, "step": step, "time_s": time.perf_counter() - t0, **rec})
-                    if progress is not None:
-                        progress.set_postfix(loss=f"{rec['loss']:.3f}")
-                if progress is not None:
-                    progress.update(1)
-                run.save_if_due(step, state)  # the end is saved as the stage's model, not as a checkpoint
-        finally:
-            if progress is not None:
-                progress.close()
-    params, adapter = sft.params_and_lora(state)
-    params = merge_lora(params, adapter)
-    test = evaluation_problems(task, config.eval_problems, config.seed)
-    ev = evaluate_policy(lm, params, None, tokenizer, task, test, max_prompt_length=config.max_prompt_length,
-                         max_new_tokens=config.max_new_tokens, suppress_tokens=config.suppress_tokens)
-    lm.params = params
-    if is_primary():
-        save_pretrained(lm, params, stage / "model")
-        from jaxrl_hier.tasks import save_tokenizer
-
-        save_tokenizer(tokenizer, stage / "model")
-    info = {"steps": config.sft_steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
-            "eval_problems": len(test), "time_s": time.perf_counter() - t0}
-    if is_primary():
-        from jaxrl_hier.io import atomic_write_json
-
-        atomic_write_json(done, info)
-    cut = f"; {total_truncated} targets cut to max_new_tokens={config.max_new_tokens}" if total_truncated else ""
-    log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
-    return lm, info
-
-
 def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config: GRPOConfig,
                     rewards: Any) -> list[dict]:
     import numpy as np
@@ -201,14 +94,12 @@ def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config
 
 def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in records]
@@ -221,11 +112,8 @@ def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
@@ -279,34 +167,32 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             log(f"GRPO resumed at step {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
-        if start == 0:
+        if run.first_row_due(writer):
             ev = trainer.evaluate(state, test)
             writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"],
                           "eval/problems": len(test)})
-        progress = progress_bar(args, config.total_steps, start, config.loss_type)
-        step = start
-        while step < config.total_steps:
-            state, metrics, samples = trainer.step(state)
-            step += 1
-            if metrics.get("update_skipped"):
-                log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
-                    "the optimiser update was skipped")
-            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
-                ev = trainer.evaluate(state, test)
-                rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
-            if step % config.log_every == 0 or "eval/accuracy" in rec:
-                writer.write(rec)
-            if config.sample_log_count and step % config.log_every == 0:
-                for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
-                                         trainer.rewards):
-                    samples_writer.write(s)
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
-            run.save_if_due(step, state)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, config.total_steps, start, config.loss_type) as progress:
+            step = start
+            while step < config.total_steps:
+                state, metrics, samples = trainer.step(state)
+                step += 1
+                if metrics.get("update_skipped"):
+                    log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
+                        "the optimiser update was skipped")
+                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+                if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
+                    ev = trainer.evaluate(state, test)
+                    rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+                if step % config.log_every == 0 or "eval/accuracy" in rec:
+                    writer.write(rec)
+                if config.sample_log_count and step % config.log_every == 0:
+                    for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
+                                             trainer.rewards):
+                        samples_writer.write(s)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
+                run.save_if_due(step, state)
     params, adapter = trainer.params_and_lora(state)
     if primary:
         final = merge_lora(params, adapter)
@@ -328,4 +214,4 @@ def run_sft(args: argparse.Namespace, raw_config: dict) -> int:
     return run_grpo(args, raw_config, algorithm="sft")
 
 
-__all__ = ["run_grpo", "run_sft", "check_inputs", "evaluation_problems", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]
+__all__ = ["run_grpo", "run_sft", "check_inputs", "plot_grpo_curve", "GRPO_RESUME_SAFE_KEYS"]

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from jaxrl_hier.llm.decoder import default_positions
 from jaxrl_hier.llm.heads import gather_last, value_head_apply, value_head_init
 
 HEADS = ("q1", "q2", "v1", "v2")
@@ -48,10 +49,6 @@ def mlp_apply(p: dict, x: jax.Array) -> jax.Array:
 def masked_mean(hidden: jax.Array, mask: jax.Array) -> jax.Array:
     m = mask.astype(jnp.float32)[..., None]
     return jnp.sum(hidden.astype(jnp.float32) * m, axis=1) / jnp.maximum(m.sum(axis=1), 1.0)
-
-
-def _positions(mask: jax.Array) -> jax.Array:
-    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
 
 
 class CriticOut(NamedTuple):
@@ -86,7 +83,7 @@ class DoubleCritic:
         if self.kind == "encoder":
             hidden, _ = self.encoder.forward(params["encoder"], state, state_mask)
             return masked_mean(hidden, state_mask)
-        hidden = self.lm.hidden_states(backbone, state, state_mask, positions=_positions(state_mask))
+        hidden = self.lm.hidden_states(backbone, state, state_mask, positions=default_positions(state_mask))
         return jax.lax.stop_gradient(gather_last(hidden, state_mask).astype(jnp.float32))
 
     def action_features(self, params: dict, state: jax.Array, state_mask: jax.Array, action: jax.Array,
@@ -96,7 +93,7 @@ class DoubleCritic:
             return masked_mean(hidden, action_mask)
         ids = jnp.concatenate([state, action], axis=1)
         mask = jnp.concatenate([state_mask, action_mask.astype(state_mask.dtype)], axis=1)
-        hidden = self.lm.hidden_states(backbone, ids, mask, positions=_positions(mask))
+        hidden = self.lm.hidden_states(backbone, ids, mask, positions=default_positions(mask))
         return jax.lax.stop_gradient(gather_last(hidden, mask).astype(jnp.float32))
 
     def values(self, params: dict, state: jax.Array, state_mask: jax.Array, backbone: Any = None

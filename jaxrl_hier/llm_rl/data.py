@@ -51,6 +51,19 @@ def input_pool(task: Any, split: str, seed: int) -> list:
     return task.problems(split, size(split) if callable(size) else CHECK_SAMPLE, seed)
 
 
+def evaluation_problems(task: Any, n: int, seed: int, split: str = "test") -> list:
+    """The distinct problems an evaluation uses (`tasks.base.distinct_problems`), and a log line
+    with their count: a split with repeats would count a problem several times and overstate how
+    many were seen, so a split holding fewer than n gives all of its problems, and says so."""
+    from jaxrl_hier.runs import log
+    from jaxrl_hier.tasks.base import distinct_problems
+
+    problems = distinct_problems(task, split, n, seed)
+    short = f"; the split holds only {len(problems)}, all used" if len(problems) < n else ""
+    log(f"evaluation: {len(problems)} distinct {split} problems (asked for {n}{short})")
+    return problems
+
+
 def refuse_longer(problems: list, lengths: np.ndarray, limit: int, what: str, key: str) -> None:
     """ConfigError naming how many of `problems` exceed `limit`, the longest one, and the fix."""
     over = int((lengths > limit).sum())
@@ -107,5 +120,5 @@ def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_token
     return ids, mask, truncated
 
 
-__all__ = ["CHECK_SAMPLE", "PromptBatch", "special_ids", "input_pool", "refuse_longer", "prompt_lengths",
+__all__ = ["CHECK_SAMPLE", "PromptBatch", "special_ids", "input_pool", "evaluation_problems", "refuse_longer", "prompt_lengths",
            "completion_lengths", "encode_prompts", "encode_completions"]

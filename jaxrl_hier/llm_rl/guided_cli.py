@@ -58,7 +58,7 @@ def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
 
 
 def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
-    """The keys `cli.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
+    """The keys `sft_stage.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
     return SimpleNamespace(sft_lora=False, lora_rank=config.lora_rank, sft_steps=config.sft_steps,
                            sft_batch_size=config.sft_batch_size, sft_learning_rate=config.sft_learning_rate,
                            sft_warmup_steps=config.sft_warmup_steps, max_prompt_length=state_len,
@@ -84,14 +84,12 @@ def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
     """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game
     (greedy over the evaluation secrets, which come from the range training uses: `GuessNumberEnv`)."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
@@ -108,11 +106,8 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    buf = io.BytesIO()
     fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
@@ -142,7 +137,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     import jax
 
     from jaxrl_hier.llm import merge_lora, save_pretrained
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.guided import make_train
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.logging import read_jsonl
@@ -186,31 +181,29 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"guided agent resumed at iteration {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
-        if start == 0:
+        if run.first_row_due(writer):
             ev, _ = agent.evaluate(state, test())
             writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()},
                           "eval/episodes": len(test())})
-        progress = progress_bar(args, config.iterations, start, f"guided-{config.env}")
-        step = start
-        while step < config.iterations:
-            state, metrics, episodes = agent.iteration(state)
-            step += 1
-            rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
-                ev, _ = agent.evaluate(state, test())
-                rec.update({f"eval/{k}": v for k, v in ev.items()})
-            if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
-                writer.write(rec)
-            if config.sample_log_count and step % config.log_every == 0:
-                for ep in episodes[:config.sample_log_count]:
-                    samples_writer.write({"update": step, "step": step, **env.record(ep)})
-            if progress is not None:
-                progress.update(1)
-                shown = ("train/turn2_accuracy", "train/turns")
-                progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
-            run.save_if_due(step, state)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, config.iterations, start, f"guided-{config.env}") as progress:
+            step = start
+            while step < config.iterations:
+                state, metrics, episodes = agent.iteration(state)
+                step += 1
+                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
+                if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
+                    ev, _ = agent.evaluate(state, test())
+                    rec.update({f"eval/{k}": v for k, v in ev.items()})
+                if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
+                    writer.write(rec)
+                if config.sample_log_count and step % config.log_every == 0:
+                    for ep in episodes[:config.sample_log_count]:
+                        samples_writer.write({"update": step, "step": step, **env.record(ep)})
+                if progress is not None:
+                    progress.update(1)
+                    shown = ("train/turn2_accuracy", "train/turns")
+                    progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
+                run.save_if_due(step, state)
     if primary:
         for name, directory in (("actor", "model"), ("guidance", "guidance_model")):
             if name in state.policy:

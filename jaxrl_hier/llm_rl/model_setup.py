@@ -1,4 +1,5 @@
-"""The policy model of an LLM-RL run: a local Hugging Face checkpoint, or a tiny one built from scratch.
+"""The policy model of an LLM-RL run and its tokenizer: a local Hugging Face checkpoint, or a tiny
+model built from scratch for the character-level tokenizer.
 
 Offline by construction: `model_path` must be a local directory (never a hub id); without it a
 small Qwen2-shaped decoder is initialised at random for the task's character-level tokenizer, the
@@ -29,6 +30,23 @@ def tiny_qwen2_config(vocab_size: int, *, hidden_size: int, num_layers: int, num
                        intermediate_size=intermediate_size, max_position_embeddings=max_positions,
                        tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0,
                        pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
+
+
+def policy_tokenizer(model_path: str | None, algorithm: str) -> Any:
+    """The tokenizer of a run: the tiny character tokenizer for a from-scratch model, else the one
+    saved in the local `model_path` (ConfigError when the directory or its tokenizer is missing)."""
+    from jaxrl_hier.tasks import build_char_tokenizer
+
+    if model_path is None:
+        return build_char_tokenizer()
+    from jaxrl_hier.llm.checkpoint import _load_tokenizer
+
+    if not Path(model_path).is_dir():
+        raise ConfigError(f"model_path {model_path} is not a local directory (nothing is downloaded).")
+    tokenizer = _load_tokenizer(Path(model_path))
+    if tokenizer is None:
+        raise ConfigError(f"{model_path} holds no tokenizer (tokenizer.json); {algorithm} needs one.")
+    return tokenizer
 
 
 def build_mesh(config: Any) -> Any:

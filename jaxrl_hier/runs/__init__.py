@@ -1,10 +1,12 @@
 """The life of a run directory, shared by every algorithm's CLI (`python -m jaxrl_hier.train`).
 
-    process.py     is_primary, sync_processes, init_distributed: who writes, barriers, multi-host start-up
+    process.py     is_primary, sync_processes, from_primary, init_distributed: who writes, barriers,
+                   process 0's decision for all, multi-host start-up
     directory.py   resolve_output_dir, refuse_existing_run, check_resume_changes, load_saved_config,
                    save_run_config, RunConfigFile: where a run goes, whether it may (re)start there,
                    its config.yaml (a resume's written only after its checkpoint is restored)
-    progress.py    log, progress_bar: status lines and the progress bar, from process 0 only
+    progress.py    log, progress_bar: status lines and the progress bar (a context manager), from
+                   process 0 only
     resumable.py   ResumableRun: checkpoints and metrics.jsonl kept in step, the loop skeleton of a run
 
 Importing this package is cheap (no jax, no Orbax), so a CLI can check its input and exit 2 first.
@@ -12,10 +14,10 @@ Importing this package is cheap (no jax, no Orbax), so a CLI can check its input
 
 from jaxrl_hier.runs.directory import (RUN_FILES, RunConfigFile, check_resume_changes, load_saved_config,
                                        refuse_existing_run, resolve_output_dir, save_run_config)
-from jaxrl_hier.runs.process import init_distributed, is_primary, sync_processes
+from jaxrl_hier.runs.process import from_primary, init_distributed, is_primary, sync_processes
 from jaxrl_hier.runs.progress import log, progress_bar
 from jaxrl_hier.runs.resumable import ResumableRun
 
-__all__ = ["RUN_FILES", "ResumableRun", "RunConfigFile", "check_resume_changes", "init_distributed", "is_primary",
-           "load_saved_config", "log", "progress_bar", "refuse_existing_run", "resolve_output_dir", "save_run_config",
-           "sync_processes"]
+__all__ = ["RUN_FILES", "ResumableRun", "RunConfigFile", "check_resume_changes", "from_primary", "init_distributed",
+           "is_primary", "load_saved_config", "log", "progress_bar", "refuse_existing_run", "resolve_output_dir",
+           "save_run_config", "sync_processes"]

@@ -1,4 +1,5 @@
-"""The processes of a run: which one writes, a barrier between them, and multi-host start-up.
+"""The processes of a run: which one writes, a barrier between them, process 0's decision shared
+with the others, and multi-host start-up.
 
 In a multi-process JAX run every process computes (and joins Orbax's saves), process 0 alone
 writes the run directory's other files. jax is imported inside the functions, so that a CLI
@@ -28,6 +29,19 @@ def sync_processes(name: str) -> None:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices(name)
+
+
+def from_primary(value: bool) -> bool:
+    """Process 0's `value` on every process, for a branch that every process must take alike (one
+    into a collective computation, decided from a file that process 0 alone reads)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return value
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.bool_(value)))
 
 
 def init_distributed() -> None:

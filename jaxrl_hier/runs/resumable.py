@@ -5,6 +5,8 @@ PPO stage).
     with ResumableRun(out / "checkpoints", meta, keep=3, every=50, total=1000, resume=True) as run:
         state, start = run.restore(state)      # the latest checkpoint when resuming, else (state, 0)
         writer = run.log(out)                  # metrics.jsonl cut back to the restored step
+        if run.first_row_due(writer):          # not logged before a kill preceding the first checkpoint
+            writer.write({"update": 0, **evaluate(state)})
         for step in range(start + 1, total + 1):
             state, metrics = ...
             writer.write({"update": step, **metrics})
@@ -59,6 +61,20 @@ class ResumableRun:
         self._writers.append(writer)
         writer.truncate_after(self.start)
         return writer
+
+    def first_row_due(self, writer: Any) -> bool:
+        """Whether the run's step-0 row (the evaluation before training) is still to be written: the
+        run starts at step 0 and `writer` (one of `log`'s) holds no update-0 row. A run killed before
+        its first checkpoint restarts at step 0 but keeps the row it logged there, which a second
+        evaluation would duplicate. Process 0 reads the file and decides for every process, as the
+        evaluation may be a collective computation that all of them must enter."""
+        if self.start:
+            return False
+        from jaxrl_hier.logging import read_jsonl
+        from jaxrl_hier.runs.process import from_primary
+
+        logged = self.primary and any(r.get("update", 0) == 0 for r in read_jsonl(writer.path))
+        return not from_primary(logged)
 
     def due(self, step: int) -> bool:
         return (self.total is not None and step == self.total) or bool(self.every and step % self.every == 0)

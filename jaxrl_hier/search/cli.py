@@ -36,7 +36,7 @@ from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
 def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
-    from jaxrl_hier.llm_rl.cli import policy_tokenizer
+    from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
     from jaxrl_hier.tasks import ArithmeticTask
 
     task = ArithmeticTask(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
@@ -124,7 +124,7 @@ def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any, split
     (benchmarks/pgts_reward_model.py), so the test split stays for reporting a chosen one once."""
     import jax
 
-    from jaxrl_hier.llm_rl.cli import evaluation_problems
+    from jaxrl_hier.llm_rl.data import evaluation_problems
     from jaxrl_hier.search.reward_model import sample_path_data
 
     problems = evaluation_problems(task, config.rm_eval_problems, config.seed + 1, split)
@@ -147,7 +147,7 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     import dataclasses
 
     from jaxrl_hier.io import atomic_write_json
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
 
@@ -257,14 +257,12 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
 
 def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     pts = [(r["update"], r.get("episode_return"), r.get("achievement/correct")) for r in records
@@ -282,10 +280,7 @@ def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def results_table(rows: list[dict]) -> str:
@@ -299,14 +294,12 @@ def results_table(rows: list[dict]) -> str:
 
 
 def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from jaxrl_hier.io import atomic_write_bytes
+    from jaxrl_hier.logging.metrics import save_figure
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     families: dict[str, list[dict]] = {}
@@ -322,10 +315,7 @@ def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
 
 
 def evaluate_all(config: PGTSConfig, lm: Any, rm: Any, rm_params: Any, tokenizer: Any, task: Any, problems: list,
@@ -421,7 +411,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     check_inputs(config, task, tokenizer)
     config.ppo_config().validate()
 
-    from jaxrl_hier.llm_rl.cli import run_sft_stage
+    from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 
     sft_cfg = config.sft_config()
@@ -470,7 +460,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     from jaxrl_hier.search.baselines import make_search_runner, run_search
     from jaxrl_hier.search.env import render_tree
 
-    from jaxrl_hier.llm_rl.cli import evaluation_problems
+    from jaxrl_hier.llm_rl.data import evaluation_problems
 
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
@@ -499,8 +489,12 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
         if start:
             log(f"PGTS PPO resumed at update {start}")
         writer = run.log(out)
-        trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() and start else []
-        trees = [t for t in trees if t.strip() and _tree_update(t) <= start]
+        evaluate_first = total > 0 and run.first_row_due(writer)
+        # trees.txt holds a tree per logged evaluation: those of the kept rows stay, and an update-0
+        # tree whose row was not logged goes, as that evaluation runs again
+        last_kept = -1 if evaluate_first else start
+        trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() else []
+        trees = [t for t in trees if t.strip() and _tree_update(t) <= last_kept]
 
         def evaluate(update: int, rec: dict) -> None:
             states, row = run_search(search, net(runner), test_params, len(test), seed=config.seed)
@@ -512,31 +506,29 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
             if primary:
                 atomic_write_text(trees_path, "".join(f"=== {t.removeprefix('=== ')}\n\n" for t in trees))
 
-        if start == 0 and total > 0:
+        if evaluate_first:
             rec = {"update": 0}
             evaluate(0, rec)
             writer.write(rec)
         steps_per_update = ppo_cfg.steps_per_update
-        progress = progress_bar(args, total, start, "pgts ppo")
-        update = start
-        t0 = time.perf_counter()
-        while update < total:
-            n = min(config.log_every, total - update)
-            runner, rec, elapsed = train_chunk(trainer, runner, n)
-            update += n
-            rec.update(update=update, env_steps=update * steps_per_update, search_steps_per_s=n * steps_per_update / elapsed,
-                       time_s=time.perf_counter() - t0)
-            if (config.eval_every and update % config.eval_every == 0) or update == total:
-                evaluate(update, rec)
-            writer.write(rec)
-            if progress is not None:
-                progress.update(n)
-                acc = rec.get("achievement/correct")
-                progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
-                                     acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
-            run.save_if_due(update, runner)
-        if progress is not None:
-            progress.close()
+        with progress_bar(args, total, start, "pgts ppo") as progress:
+            update = start
+            t0 = time.perf_counter()
+            while update < total:
+                n = min(config.log_every, total - update)
+                runner, rec, elapsed = train_chunk(trainer, runner, n)
+                update += n
+                rec.update(update=update, env_steps=update * steps_per_update,
+                           search_steps_per_s=n * steps_per_update / elapsed, time_s=time.perf_counter() - t0)
+                if (config.eval_every and update % config.eval_every == 0) or update == total:
+                    evaluate(update, rec)
+                writer.write(rec)
+                if progress is not None:
+                    progress.update(n)
+                    acc = rec.get("achievement/correct")
+                    progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
+                                         acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
+                run.save_if_due(update, runner)
     if primary:
         plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
     return search, net(runner), None if start_params is None else {"params": start_params}
@@ -610,7 +602,7 @@ def run_eval_stage(config: PGTSConfig, out: Path, lm: Any, rm: Any, rm_params: A
                    policy: tuple[Any, Any], extra: dict, start_params: Any = None) -> list[dict]:
     """PGTS against the baselines on the held-out problems: eval/results.json, table.md, the plot, trees."""
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
-    from jaxrl_hier.llm_rl.cli import evaluation_problems
+    from jaxrl_hier.llm_rl.data import evaluation_problems
 
     stage = out / "eval"
     if (stage / "results.json").is_file():

@@ -199,7 +199,9 @@ class PGTSConfig:
                          log_every=self.log_every, eval_gif=False)
 
 
-#: keys a resume may change: logging, evaluation, retention and the PPO length only
-PGTS_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "total_timesteps")
+#: keys a resume may change: logging, evaluation and retention only. Not total_timesteps: PPO anneals
+#: its learning rate over num_updates, so a new length would change the rate of every update still
+#: to come (PPO's own CLI refuses it too).
+PGTS_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every")
 
 __all__ = ["PGTSConfig", "PGTS_RESUME_SAFE_KEYS"]

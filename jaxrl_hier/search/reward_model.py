@@ -38,6 +38,7 @@ import numpy as np
 import optax
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm.decoder import default_positions
 from jaxrl_hier.llm.heads import classification_head_apply, classification_head_init, gather_last
 from jaxrl_hier.llm.jit_cache import JitCache
 
@@ -67,8 +68,7 @@ class RewardModel:
 
     def logits(self, params: dict, ids: jax.Array, mask: jax.Array) -> jax.Array:
         """Float32 [B] logits of left-padded [B, L] paths (read at the last real token)."""
-        positions = jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
-        hidden = self.lm.hidden_states(params["model"], ids, mask, positions=positions)
+        hidden = self.lm.hidden_states(params["model"], ids, mask, positions=default_positions(mask))
         return classification_head_apply(params["head"], gather_last(hidden, mask))[..., 0]
 
     def score(self, params: dict, ids: jax.Array, mask: jax.Array, prompt_tokens: Any = None) -> jax.Array:

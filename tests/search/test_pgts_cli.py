@@ -1,7 +1,7 @@
 """The PGTS pipeline CLI: bad config values exit 2 before anything compiles; one tiny end-to-end run
 (SFT, reward model, PPO on the search env, evaluation table) writes every output, a second call
 with --resume finds every stage complete, and one after a kill inside the PPO stage (its last
-checkpoint lost) continues that stage exactly."""
+checkpoint lost, or all of them) continues that stage exactly."""
 
 import json
 import shutil
@@ -45,6 +45,23 @@ def test_swap_siblings_need_greedy_first_children(tmp_path, capsys):
     assert rc == 2
     assert "greedy_first_child" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
+    """PPO anneals its learning rate over total_timesteps: a resume with another length would go on
+    at rates the checkpoint was not trained to, so it is refused (as by PPO's own CLI) before
+    anything is written."""
+    from jaxrl_hier.config import build_dataclass, parse_overrides, read_yaml
+    from jaxrl_hier.runs import save_run_config
+    from jaxrl_hier.search.config import PGTSConfig
+
+    out = tmp_path / "run"
+    raw = {**read_yaml("configs/pgts_arithmetic.yaml"), **parse_overrides(TINY)}
+    save_run_config(out / "config.yaml", raw.pop("algorithm"), build_dataclass(PGTSConfig, raw))
+    before = (out / "config.yaml").read_bytes()
+    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "total_timesteps=128"]) == 2
+    assert "cannot change 'total_timesteps' on --resume (64 in the run, 128 asked)" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_bytes() == before
 
 
 @pytest.mark.slow
@@ -99,6 +116,16 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     volatile = ("time_s", "search_steps_per_s")
     assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
+        [{k: v for k, v in r.items() if k not in volatile} for r in records]
+    assert (out / "trees.txt").read_text() == trees
+    # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
+    # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
+    # holds the later trees too, which the stage must drop and write again).
+    shutil.rmtree(out / "checkpoints")
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    assert train.main(args + ["--resume"]) == 0
+    restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
         [{k: v for k, v in r.items() if k not in volatile} for r in records]
     assert (out / "trees.txt").read_text() == trees
     # A kill between a parameter stage's checkpoint and its DONE (the classifier reward model, or the

@@ -56,7 +56,7 @@ def test_save_and_auto_tokenizer_load_identical(tok, tmp_path):
 def test_a_run_loads_the_saved_tokenizer_beside_its_model_as_written(tok, tmp_path):
     # Beside a qwen2 config.json, AutoTokenizer would rebuild it as a Qwen2Tokenizer, whose
     # pre-tokenizer drops newlines: the step delimiter of worked solutions and hint lines.
-    from jaxrl_hier.llm_rl.cli import policy_tokenizer
+    from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
 
     save_tokenizer(tok, tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "qwen2"}')
