@@ -27,9 +27,9 @@ CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
 # network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
 # They bound the whole run, retry failed skills, reach the generator, or judge the lock.
-RESUME_SAFE_KEYS = ("max_rounds", "max_wall_s", "max_retries", "stale_lock_s", "stuck_after_s", "generator", "llm_base_url",
-                    "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path", "eval_episodes",
-                    "eval_gif_steps", "greedy_eval_every")
+RESUME_SAFE_KEYS = ("max_rounds", "max_wall_s", "max_retries", "stale_lock_s", "stuck_after_s", "generator",
+                    "llm_base_url", "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path",
+                    "eval_episodes", "eval_gif_steps", "greedy_eval_every")
 
 
 def build_catalog(config: SkillsConfig):

@@ -101,7 +101,7 @@ class Scheduler:
     def run(self, resume: bool = False, on_lock: Callable[[], None] | None = None) -> SchedulerState:
         """Train until nothing is left (or `max_rounds`). `on_lock` runs once the directory is
         locked, before anything is written (the CLI records resume overrides there)."""
-        self._run_started = self.clock()  # max_wall_s counts this process's time, start-up included
+        self._run_started = self.clock()  # max_wall_s counts from here: the first compilations included
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.primary:
             self.lock.acquire()
