@@ -97,8 +97,11 @@ def test_full_finetuning_reference_is_a_fused_frozen_copy(warm):
 
 def test_reward_rises_under_grpo(warm):
     """A trivially learnable reward (well-formed answer line) climbs within a few dozen steps."""
+    # lr 3e-3: at 1e-2 the first update wrecked the format at every seed tried (0.78 -> 0.0-0.06; at key 1
+    # it never came back) once the warm start's SFT data lost the validation split; at 3e-3 the reward
+    # climbed from 0.78-0.82 to 0.97-0.98 at keys 1, 2 and 3
     cfg = dataclasses.replace(BASE, reward_correct=0.0, reward_format=1.0, prompts_per_step=8, num_generations=8,
-                              learning_rate=1e-2, temperature=1.5, fused_step=True)
+                              learning_rate=3e-3, temperature=1.5, fused_step=True)
     trainer = make_train(cfg, fresh_model(warm), warm[3], warm[4])
     state = trainer.init(jax.random.key(1))
     rewards = []
