@@ -13,6 +13,7 @@ set -uo pipefail
 out=$1 wall=$2
 shift 2
 config=${CONFIG:-configs/skills_craftax_classic_gpu.yaml}
+mkdir -p "$out"
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
