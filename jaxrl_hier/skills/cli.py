@@ -2,7 +2,7 @@
 
     python -m jaxrl_hier.skills run --config configs/skills_craftax_classic.yaml --output-dir DIR [key=value ...]
     python -m jaxrl_hier.skills status DIR
-    python -m jaxrl_hier.skills eval DIR [--episodes N] [--target SKILL] [--max-steps N] [--seed N]
+    python -m jaxrl_hier.skills eval DIR [--episodes N] [--target SKILL] [--max-steps N] [--seed N] [--before-chain]
     python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
@@ -116,6 +116,10 @@ def status_table(state: SchedulerState, report: dict | None = None) -> str:
     lines.append("")
     lines.append(f"target {state.target}; round {state.round}; generation {state.generation}"
                  + (f": {state.generation_reason}" if state.generation_reason else ""))
+    if state.chain:
+        c = state.chain
+        lines.append(f"chain fine-tuning towards {c['target']} ({', '.join(c['plan'])}): {c['status']}, "
+                     f"{c['steps']:,} env steps")
     if report:
         from jaxrl_hier.skills.composed import report_lines
 
@@ -213,7 +217,8 @@ def cmd_eval(args) -> int:
         raise ConfigError(f"no skill of {out} has completed yet: there is no composed agent to evaluate.")
     report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,
                           target=args.target, max_steps=args.max_steps, seed=args.seed,
-                          gif_steps=config.eval_gif_steps, include_running=args.include_running)
+                          gif_steps=config.eval_gif_steps, include_running=args.include_running,
+                          use_chain=not args.before_chain)
     print(status_table(state, report))
     print(f"report: {out / 'eval'}")
     return 0
@@ -239,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=None, help="default: the run's seed")
     ev.add_argument("--include-running", action="store_true", help="also route through the running skills' "
                     "experts as of the latest checkpoint (a run stopped before its frontier skills completed)")
+    ev.add_argument("--before-chain", action="store_true", help="play the skills' own experts, not those of the "
+                    "run's chain fine-tuning (report in DIR/eval_before_chain/)")
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")

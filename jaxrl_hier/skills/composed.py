@@ -37,6 +37,7 @@ from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask, stac
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 EVAL_DIR = "eval"
+BEFORE_CHAIN_DIR = "eval_before_chain"  # `eval --before-chain` of a run whose chain is tuned: the skills' own experts
 REPORT_FILE = "achievements.json"
 
 
@@ -248,26 +249,30 @@ def plot_achievements(report: dict, path: Path, title: str) -> None:
 def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: Sequence[str],
                  watched: Sequence[str], *, episodes: int, max_steps: int, seed: int, gif_steps: int,
                  achievement_names: Sequence[str], achievement_rewards: Sequence[float],
-                 running: Sequence[str] = ()) -> dict:
+                 running: Sequence[str] = (), chain: dict | None = None, subdir: str = EVAL_DIR) -> dict:
     """Evaluate greedy and sampled; write eval/achievements.json, eval/achievements.png and
     eval/episode.gif (the GIF where the env can render). Every file goes through an atomic write."""
     from jaxrl_hier.logging.episode_gif import write_annotated_gif
 
-    out = Path(run_dir) / EVAL_DIR
+    out = Path(run_dir) / subdir
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
     report: dict[str, Any] = {"target": plan[-1], "plan": list(plan), "episodes": episodes, "max_steps": max_steps,
                               "seed": seed, "fresh_worlds": True,
                               # skills whose experts were still training (their latest checkpoint)
-                              "running": [s for s in watched if s in running]}
+                              "running": [s for s in watched if s in running],
+                              # the chain fine-tuning whose experts play (skills.chain); None: the skills' own
+                              "chain": {k: chain[k] for k in ("target", "plan", "steps")} if chain else None}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(comp, jax.random.fold_in(key, i), episodes, max_steps, mode == "greedy")
         report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
     plot_achievements(report, out / "achievements.png", f"composed agent towards {plan[-1]}, {episodes} fresh worlds")
     try:
+        if not gif_steps:  # eval_gif_steps 0: no GIF
+            raise NotImplementedError
         frames, acting, unlocked = agent.episode_frames(comp, jax.random.fold_in(key, 2), min(gif_steps, max_steps),
                                                         greedy=False)
-    except NotImplementedError:  # an env without a renderer: no GIF
+    except NotImplementedError:  # an env without a renderer, or none asked for: no GIF
         report["gif"] = None
     else:
         names = [[n for n, on in zip(achievement_names, row) if on] for row in unlocked]
@@ -293,13 +298,18 @@ class RunAgents(struct.PyTreeNode):
     agent: ComposedAgent = struct.field(pytree_node=False)
     target: str = struct.field(pytree_node=False)  # the run's target
     running: tuple = struct.field(pytree_node=False, default=())  # skills in `experts` that have not completed
+    # The chain fine-tuning whose tuned experts replaced the skills' own (state file's `chain`; {}: none)
+    chain: dict = struct.field(pytree_node=False, default_factory=dict)
 
 
-def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running: bool = False) -> RunAgents:
+def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running: bool = False,
+             use_chain: bool = True) -> RunAgents:
     """The completed experts of a run directory and an agent to play them (see `evaluate_run`).
     With `include_running`, the running skills' experts as of the run's latest checkpoint join them
     (after them, in slot order): a run stopped by `max_rounds` or a time budget is then judged with
-    its frontier skills as far as they got, not as if they had not started."""
+    its frontier skills as far as they got, not as if they had not started. When the run's chain
+    fine-tuning is done (`skills.chain`) and `use_chain`, its tuned experts replace the skills' own
+    for the chain's skills (its target joins them, even one that failed as a skill)."""
     from jaxrl_hier.skills.scheduler import run_library
     from jaxrl_hier.skills.state import load_state
     from jaxrl_hier.skills.trainer import load_expert, skill_env_and_policy
@@ -317,9 +327,14 @@ def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running:
         experts.update(_running_experts(run_dir, config, catalog, state, running))
     else:
         running = []
+    chain = state.chain if use_chain and state.chain.get("status") == "done" else {}
+    if chain:
+        from jaxrl_hier.skills.chain import load_chain
+
+        experts.update(load_chain(run_dir, chain["plan"], like["actor"]))
     return RunAgents(env, base_params, run_library(state, catalog), experts,
                      ComposedAgent(env, base_params, policy.activation, config.moe_dispatch), state.target,
-                     tuple(r.name for r in running))
+                     tuple(r.name for r in running), dict(chain))
 
 
 def _running_experts(run_dir: Path, config: Any, catalog: SkillLibrary, state: Any, running: list) -> dict:
@@ -334,11 +349,11 @@ def _running_experts(run_dir: Path, config: Any, catalog: SkillLibrary, state: A
 
 def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes: int, target: str | None = None,
                  max_steps: int | None = None, seed: int | None = None, gif_steps: int = 300,
-                 include_running: bool = False) -> dict:
+                 include_running: bool = False, use_chain: bool = True) -> dict:
     """Evaluate the composed agent of a run directory (its completed skills' experts, and with
     `include_running` its running ones as of the latest checkpoint, routed towards `target`,
     default the run's) and write its report; see `write_report`."""
-    run = load_run(run_dir, config, catalog, include_running)
+    run = load_run(run_dir, config, catalog, include_running, use_chain)
     aim = choose_target(run.library, list(run.experts), target or run.target)
     comp, plan = build_composition(run.env, run.library, run.experts, aim)
     base = run.env.base
@@ -346,7 +361,16 @@ def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes:
                         max_steps=max_steps or episode_limit(run.base_params),
                         seed=config.seed if seed is None else seed, gif_steps=gif_steps,
                         achievement_names=tuple(base.achievement_names),
-                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running)
+                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running,
+                        chain=run.chain,
+                        subdir=BEFORE_CHAIN_DIR if not use_chain and chain_done(run_dir) else EVAL_DIR)
+
+
+def chain_done(run_dir: Path) -> bool:
+    """The run's chain fine-tuning is done (its experts are what `eval` plays by default)."""
+    from jaxrl_hier.skills.state import load_state
+
+    return load_state(Path(run_dir)).chain.get("status") == "done"
 
 
 def report_lines(report: dict) -> list[str]:
@@ -355,6 +379,8 @@ def report_lines(report: dict) -> list[str]:
              f"{report['max_steps']} steps"]
     if report.get("running"):
         lines[0] += f" (still training, at their latest checkpoint: {', '.join(report['running'])})"
+    if report.get("chain"):
+        lines[0] += f"; experts after chain fine-tuning ({report['chain']['steps']:,} env steps)"
     for mode in ("greedy", "sampled"):
         r = report[mode]
         score = "n/a" if r["score_percent_of_max"] is None else f"{r['score_percent_of_max']:.1f}%"

@@ -76,6 +76,11 @@ class SkillsConfig:
     # as many envs for as many steps as the round's rollouts: on Craftax it costs about as much env
     # time as the rollouts. Run it every this many rounds (0: never); it changes no training number.
     greedy_eval_every: int = 1
+    # Chain fine-tuning (skills.chain), after the skills: the experts of the chain towards the target
+    # (for "all", the deepest skill whose chain has experts, a failed skill's last attempt included)
+    # trained together from fresh worlds on the chain's progress for this many env steps (0: off).
+    chain_timesteps: int = 0
+    chain_lr: float = 3e-4
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
 
     def validate(self) -> None:
@@ -110,6 +115,10 @@ class SkillsConfig:
             raise ConfigError("'fresh_success_rate_threshold' ends a skill's restarts, but 'restart_prob' is 0 (no "
                               "restarts): every episode is already a fresh-world one. Set restart_prob > 0 or the "
                               "threshold to 0.")
+        if self.chain_timesteps < 0:
+            raise ConfigError(f"'chain_timesteps' must be >= 0 (0: no chain fine-tuning), got {self.chain_timesteps}.")
+        if self.chain_lr <= 0:
+            raise ConfigError(f"'chain_lr' must be positive, got {self.chain_lr}.")
         if self.max_rounds < 0:
             raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
         if self.max_wall_s < 0:

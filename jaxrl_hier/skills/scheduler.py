@@ -42,6 +42,7 @@ from jaxrl_hier.skills.state import (STATE_FILE, RunLock, SchedulerState, SkillR
                                      load_state, save_state)
 
 log = logging.getLogger("jaxrl_hier.skills")
+CHAIN_KEY = 0x636861  # folded into the run's seed for the chain's initial key ("cha")
 
 
 class Trainer(Protocol):
@@ -202,6 +203,72 @@ class Scheduler:
         self._save()
         if self.progress:
             self.progress(self.state)
+        self._chain()
+
+    # ------------------------------------------------------------------ chain fine-tuning
+    def _chain_experts(self) -> dict[str, Any]:
+        """The completed skills' experts, then each failed skill's last attempt (saved when it failed)."""
+        experts = dict(self.experts)
+        for r in self.state.by_status("failed"):
+            if (self.skill_dir(r) / "expert").is_dir():
+                experts[r.name] = self.trainer.load_expert(self.skill_dir(r))
+        return experts
+
+    def _chain(self) -> None:
+        """Fine-tune the chain towards the target (config `chain_timesteps`, `skills.chain`) in chunks
+        of `updates_per_round` updates: after each, the runner's checkpoint, then the state file that
+        names it (a resume restores that chunk and deletes later ones, as for rounds). The tuned
+        experts are saved before the state says done."""
+        from jaxrl_hier.skills.chain import CHAIN_DIR, ChainTuner, chain_target, save_chain
+        from jaxrl_hier.skills.trainer import skill_env_and_policy
+
+        c, chain = self.config, self.state.chain
+        if not c.chain_timesteps or chain.get("status") == "done":
+            return
+        experts = self._chain_experts()
+        if not experts:
+            return
+        library = self.library()
+        if not chain:
+            target = chain_target(library, list(experts), c.target)
+            chain.update(status="running", target=target, plan=[*library.closure(target), target], steps=0, chunk=0)
+            self._save()
+        env, base_params, _ = skill_env_and_policy(c, self.catalog)
+        tuner = ChainTuner(c, env, base_params, library, experts, chain["target"])
+        directory = self.dir / CHAIN_DIR
+        ckpt = Checkpointer(directory / "checkpoints", keep=2, asynchronous=False)
+        writer = MetricsWriter(directory, primary=self.primary)
+        try:
+            runner = tuner.init(jax.random.fold_in(jax.random.key(c.seed), CHAIN_KEY))
+            ckpt.delete_newer_than(chain["chunk"] or None)  # a chunk saved after the state file: redone
+            if chain["chunk"]:
+                runner, _ = ckpt.restore(chain["chunk"], runner, {"chain_target": chain["target"]})
+            writer.truncate_after(chain["chunk"])
+            log.info("chain fine-tuning towards '%s' (%s) from %d of %d env steps", chain["target"],
+                     ", ".join(chain["plan"]), chain["steps"], c.chain_timesteps)
+            while chain["steps"] < c.chain_timesteps:
+                if c.max_wall_s and self.clock() - self._run_started >= c.max_wall_s:
+                    log.info("stopped after max_wall_s=%.0f s in chain fine-tuning at %d env steps; resume to go on",
+                             c.max_wall_s, chain["steps"])
+                    return
+                self.lock.doing(f"chain fine-tuning chunk {chain['chunk'] + 1}")
+                runner, record, elapsed = tuner.train(runner)
+                chain["chunk"] += 1
+                chain["steps"] += tuner.steps_per_chunk
+                if self.primary:
+                    self.lock.progress(self.state.round, f"chain chunk {chain['chunk']}", "saving the chain")
+                writer.write({**record, "update": chain["chunk"], "env_steps": chain["steps"], "wall_s": elapsed})
+                ckpt.save(chain["chunk"], runner, {"chain_target": chain["target"]})
+                crash_point("chain.checkpoint_saved")
+                self._save()
+            save_chain(self.dir, tuner.plan, tuner.experts(runner), {"target": chain["target"], "steps": chain["steps"]})
+            crash_point("chain.experts_saved")
+            chain["status"] = "done"
+            self._save()
+            log.info("chain fine-tuning done: %d env steps", chain["steps"])
+        finally:
+            writer.close()
+            ckpt.close()
 
     def _account(self, r: SkillRecord, res: Any, elapsed: float) -> None:
         c = self.config
@@ -242,6 +309,10 @@ class Scheduler:
                 r.status, r.slot = "pending", None
             else:
                 log.warning("skill '%s' failed: %s", r.name, reason)
+                # Its last attempt's expert is kept: chain fine-tuning (skills.chain) may start from it.
+                self.trainer.save_expert(self.skill_dir(r), self.trainer.expert(r.slot),
+                                         {"skill": r.name, "id": r.id, "success_rate": r.success_rate,
+                                          "steps": r.steps, "failed": True})
                 r.status, r.slot, r.reason = "failed", None, reason
                 self._close_writer(r)
 

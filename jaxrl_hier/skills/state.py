@@ -118,6 +118,9 @@ class SchedulerState:
     checkpoint_round: int | None = None  # the runner checkpoint that matches the running slots
     generation: str = "active"  # active | paused | finished | stopped
     generation_reason: str = ""
+    # Chain fine-tuning (skills.chain) after the skills: status "" (not begun) | running | done, its
+    # target and plan, env steps and chunks done, and the chunk whose checkpoint matches them.
+    chain: dict = field(default_factory=dict)
     version: int = 1
 
     def record(self, name: str) -> SkillRecord:

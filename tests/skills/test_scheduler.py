@@ -72,6 +72,9 @@ def test_dependents_of_a_failed_skill_fail_without_blocking_others(tmp_path):
     state = run(tmp_path, trainer, max_retries=0)
     status = {r.name: r.status for r in state.skills}
     assert status["make_wood_pickaxe"] == "failed"
+    # its last attempt's expert is kept (chain fine-tuning may start from it); a skill that never ran has none
+    failed_dir = tmp_path / "skills" / state.record("make_wood_pickaxe").dirname
+    assert json.loads((failed_dir / "expert.json").read_text())["skill"] == "make_wood_pickaxe"
     assert status["collect_three_wood"] == "completed" and status["place_table"] == "completed"
     # collect_stone was proposed while make_wood_pickaxe trained; it fails with it, and nothing that
     # needs a failed skill is proposed after that.

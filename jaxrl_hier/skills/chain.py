@@ -1,0 +1,183 @@
+"""Chain fine-tuning: the composed agent's experts trained together, from fresh worlds.
+
+Each skill is trained on the episodes its own expert controls, with its dependencies frozen
+(`skills.trainer`). The composed agent (`skills.composed`) then meets every expert on the states
+the experts before it really hand over, and nothing in a skill's training makes it care about the
+skills after it: on TechTree the experts that place tables (every one that holds wood, not only
+`place_table`) wall stone and iron off for later experts, and the diamond's expert, trained on a
+few hundred anchors, met fresh maps at every hand-over (docs/skills.md, the diagnosis).
+
+This phase trains the whole chain as one policy. The actor is the bank of the chain's experts (the
+target's closure, then the target), routed exactly as the composed agent routes them
+(`skills.env.route`); every expert is trainable and learns on the steps it acts. The reward is the
+chain's progress: +1 on the step a skill of the chain first holds in the episode (its success
+conditions, read live), so a step that delays or blocks a later skill costs the expert that took
+it. Episodes start in fresh worlds (no restarts, no attempt cap) and end when the target holds or
+at the base env's end. The critic is new (the skills' critics predict their own skill's reward):
+one MLP over the observation and the one-hot of the acting expert.
+
+It is PPO (`algorithms.ppo`) over a `ChainEnv` with a `ChainPolicy`; the scheduler runs it after
+the skills (`chain_timesteps` in the config) in chunks of `updates_per_round` updates, checkpointed
+after each (`skills.scheduler`), and saves the tuned experts under `RUN/chain/`, which the
+composed agent then plays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_hier.envs.base import Environment
+from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
+from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+
+CHAIN_DIR = "chain"
+
+
+@struct.dataclass
+class ChainParams:
+    base: Any
+    plan: Conditions  # [P, C]: the chain's success conditions, dependencies first, the target last
+    needs: jax.Array  # bool[P + 1, P] (`skills.env.route`)
+
+
+@struct.dataclass
+class ChainState:
+    base: Any
+    held: jax.Array  # bool[P]: each chain skill has held at some step of this episode
+
+
+class ChainEnv(Environment):
+    """The base env with the chain's routing in the observation and its progress as the reward."""
+
+    def __init__(self, skill_env):
+        self.skill_env, self.base = skill_env, skill_env.base
+        self.name = f"Chain({self.base.name})"
+        self.achievement_names = tuple(getattr(self.base, "achievement_names", ()))
+
+    def _look(self, base_state: Any, params: ChainParams) -> tuple[jax.Array, jax.Array]:
+        """(acting plan position, bool[P] conditions holding now)."""
+        q = self.skill_env.quantities(base_state)
+        last = params.plan.index.shape[0] - 1
+        # Once every skill holds, the target's expert acts (as in the composed agent).
+        acting = jnp.minimum(route(q, params.plan, last + 1, params.needs), last)
+        return acting, conditions_hold(q, params.plan)
+
+    def reset(self, key: jax.Array, params: ChainParams):
+        base_obs, base_state = self.base.reset(key, params.base)
+        acting, holds = self._look(base_state, params)
+        return {"obs": base_obs, "expert": acting}, ChainState(base_state, holds)
+
+    def step(self, key: jax.Array, state: ChainState, action: jax.Array, params: ChainParams):
+        base_obs, base_state, _, terminated, truncated, info = self.base.step(key, state.base, action, params.base)
+        acting, holds = self._look(base_state, params)
+        reward = (holds & ~state.held).sum().astype(jnp.float32)
+        held = state.held | holds
+        done = terminated | held[-1]  # the target holds: the chain's work is done
+        return {"obs": base_obs, "expert": acting}, ChainState(base_state, held), reward, done, truncated & ~done, info
+
+    def observation_space(self, params: ChainParams):
+        return self.base.observation_space(params.base)
+
+    def action_space(self, params: ChainParams):
+        return self.base.action_space(params.base)
+
+    def achievements(self, state: ChainState) -> jax.Array:
+        return self.base.achievements(state.base)
+
+
+class ChainPolicy:
+    """Every expert of the chain trainable (the actor bank, [P] leading axis), one new critic over
+    the observation and the acting expert. Duck-types a Flax module for `algorithms.ppo`; `init`
+    returns the given bank, so training starts from the skills' experts."""
+
+    def __init__(self, bank: Any, hidden_size: int, num_layers: int, activation: str, dispatch: str = "gather"):
+        self.bank = bank
+        self.num_experts = int(jax.tree.leaves(bank)[0].shape[0])
+        self.hidden_size, self.num_layers, self.activation, self.dispatch = hidden_size, num_layers, activation, dispatch
+
+    def init(self, key: jax.Array, obs: dict) -> dict:
+        din = int(np.prod(obs["obs"].shape[1:])) + self.num_experts
+        critic = init_mlp(key, [din] + [self.hidden_size] * self.num_layers + [1], 1.0)
+        return {"params": {"actor": jax.tree.map(jnp.asarray, self.bank), "critic": critic}}
+
+    def apply(self, variables: dict, obs: dict):
+        act = ACTIVATIONS[self.activation]
+        params = variables["params"]
+        x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
+        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        logits = mix(params["actor"], x, obs["expert"], act)
+        critic_in = jnp.concatenate([x, jax.nn.one_hot(obs["expert"], self.num_experts, dtype=x.dtype)], axis=-1)
+        return distrax.Categorical(logits=logits), mlp_apply(params["critic"], critic_in, act)[:, 0]
+
+
+def chain_target(library: SkillLibrary, available: list[str], target: str) -> str:
+    """The skill the chain is tuned towards: `target` when it and its whole closure have experts;
+    for "all" (or a target without one), the skill with the longest closure that has."""
+    ok = [s for s in available if s in library and all(d in available for d in library.closure(s))]
+    if target in ok:
+        return target
+    if not ok:
+        raise SkillError("no skill has experts for itself and all its dependencies: there is no chain to tune.")
+    towards = ok if target not in library else [s for s in ok if s in library.closure(target)] or ok
+    return max(reversed(towards), key=lambda s: len(library.closure(s)))
+
+
+class ChainTuner:
+    """PPO over the chain towards `target`; `experts` maps skill -> expert (`skills.moe` trees)."""
+
+    def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
+                 target: str):
+        from jaxrl_hier.algorithms.ppo import make_train
+        from jaxrl_hier.skills.composed import build_composition
+
+        self.config, self.target = config, target
+        comp, self.plan = build_composition(skill_env, library, experts, target)
+        ppo = dataclasses.replace(config.ppo_config(), num_seeds=1, lr=config.chain_lr,
+                                  total_timesteps=max(config.chain_timesteps, config.steps_per_update))
+        self.env = ChainEnv(skill_env)
+        self.params = ChainParams(base_params, comp.plan, comp.needs)
+        self.policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation, config.moe_dispatch)
+        self.ppo = make_train(ppo, env=self.env, env_params=self.params, network=self.policy)
+        self.steps_per_chunk = config.updates_per_round * config.steps_per_update
+
+    def init(self, key: jax.Array) -> Any:
+        return self.ppo.init(key)
+
+    def train(self, runner: Any) -> tuple[Any, dict, float]:
+        """One chunk of `updates_per_round` updates: (runner, metrics record, seconds)."""
+        from jaxrl_hier.algorithms.ppo import train_chunk
+
+        return train_chunk(self.ppo, runner, self.config.updates_per_round)
+
+    def experts(self, runner: Any) -> dict:
+        """skill -> tuned actor (host arrays), in plan order."""
+        bank = jax.tree.map(lambda x: np.asarray(x[0]), runner.train_state.params["actor"])
+        return {s: {"actor": jax.tree.map(lambda w: w[i], bank)} for i, s in enumerate(self.plan)}
+
+
+def save_chain(run_dir: Path, plan: list[str], tuned: dict, meta: dict) -> None:
+    """The tuned experts under RUN/chain/expert (one Orbax checkpoint, finalised atomically)."""
+    from jaxrl_hier.skills.trainer import save_expert
+
+    save_expert(Path(run_dir) / CHAIN_DIR, {s: tuned[s] for s in plan}, {**meta, "plan": list(plan)})
+
+
+def load_chain(run_dir: Path, plan: list[str], like_actor: Any) -> dict:
+    """skill -> {"actor": tuned actor} for the chain's `plan` (see `save_chain`)."""
+    from jaxrl_hier.skills.trainer import load_expert
+
+    return load_expert(Path(run_dir) / CHAIN_DIR, {s: {"actor": like_actor} for s in plan})
+
+
+__all__ = ["CHAIN_DIR", "ChainEnv", "ChainParams", "ChainPolicy", "ChainState", "ChainTuner", "chain_target",
+           "load_chain", "save_chain"]
