@@ -15,7 +15,13 @@ JAX, actor/rollout/reference on one `tunix.utils.mesh.create_mesh` mesh, co-loca
 
 Method: each (system, beta) runs in its own subprocess of this script (`--worker`), so that peak memory is
 that system's alone and each framework keeps its own thread settings (torch: `set_num_threads(--threads)`;
-the JAX systems: the same environment and XLA flags). In a worker: start-up (imports, model load, trainer
+the JAX systems: the same environment; the peers on XLA's default flags, ours on jaxrl_hier's). Workers
+start from the environment this script was started in; OMP_WAIT_POLICY (torch's threads only) is
+PASSIVE when other jobs kept the CPU busy in the second before the worker, else torch's default
+(`--omp-wait-policy`, `omp_wait_policy`), and a TRL worker imports no JAX. `--check-peers` runs each
+peer's minimal script (`benchmarks/grpo_minimal.py`: the peer's own defaults, the same work) right
+beside its arm in every round and exits 1 when an arm's median of paired round ratios is more than 10%
+slower than its script's (`peer_check`). In a worker: start-up (imports, model load, trainer
 construction) is timed apart; then warmup + steps + 1 steps run in one training call; a step's time is the
 interval between the starts of consecutive steps (everything the framework does per step: sampling,
 rewards, reference and policy log-probs, the update, its bookkeeping), the first `--warmup` intervals
