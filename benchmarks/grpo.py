@@ -512,8 +512,8 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     policy = omp_wait_policy(args.omp_wait_policy, busy)
     print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running (CPU busy {busy:.0%} before; "
           f"OMP_WAIT_POLICY {policy or 'unset'}) ...", flush=True)
-    proc = subprocess.run(cmd, env=worker_env(args.threads, system, args.platform, policy), cwd=REPO,
-                          capture_output=True, text=True)
+    env = worker_env(args.threads, system, args.platform, policy)
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")
@@ -521,7 +521,8 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     if "skipped" in rec:
         print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
         return None
-    rec = summarize(system, beta, dict(rec, cpu_busy_before=busy, omp_wait_policy=policy), args.settings)
+    rec = summarize(system, beta, dict(rec, cpu_busy_before=busy, omp_wait_policy=policy,
+                                       worker_env={k: env.get(k) for k in WORKER_ENV_KEYS}), args.settings)
     device_peak = f", device peak {rec['peak_device_mib']:.0f} MiB" if rec.get("peak_device_mib") else ""
     print(f"[round {round_ + 1}: {system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
           f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
