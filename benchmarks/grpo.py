@@ -15,7 +15,13 @@ JAX, actor/rollout/reference on one `tunix.utils.mesh.create_mesh` mesh, co-loca
 
 Method: each (system, beta) runs in its own subprocess of this script (`--worker`), so that peak memory is
 that system's alone and each framework keeps its own thread settings (torch: `set_num_threads(--threads)`;
-the JAX systems: the same environment and XLA flags). In a worker: start-up (imports, model load, trainer
+the JAX systems: the same environment; the peers on XLA's default flags, ours on jaxrl_hier's). Workers
+start from the environment this script was started in; OMP_WAIT_POLICY (torch's threads only) is
+PASSIVE when other jobs kept the CPU busy in the second before the worker, else torch's default
+(`--omp-wait-policy`, `omp_wait_policy`), and a TRL worker imports no JAX. `--check-peers` runs each
+peer's minimal script (`benchmarks/grpo_minimal.py`: the peer's own defaults, the same work) right
+beside its arm in every round and exits 1 when an arm's median of paired round ratios is more than 10%
+slower than its script's (`peer_check`). In a worker: start-up (imports, model load, trainer
 construction) is timed apart; then warmup + steps + 1 steps run in one training call; a step's time is the
 interval between the starts of consecutive steps (everything the framework does per step: sampling,
 rewards, reference and policy log-probs, the update, its bookkeeping), the first `--warmup` intervals
@@ -42,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import json
 import os
 import resource
@@ -56,24 +61,25 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+# The environment this script was started in, before importing jaxrl_hier (whose import adds its XLA flag to
+# os.environ): the peers' workers and their minimal scripts start from it.
+USER_ENV = dict(os.environ)
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from jaxrl_hier.bench import UNROLL_DECODE  # noqa: E402
+from benchmarks.grpo_task import (  # noqa: E402,F401  (re-exported: the task lives in grpo_task)
+    LEARNING_RATE, MAX_GRAD_NORM, NEW_TOKENS, NUM_GENERATIONS, PROMPTS, SEED, TEMPERATURE, RewardLog, clock,
+    digit_fraction, special_ids, step_intervals, suppressing_rollout)
+from jaxrl_hier.bench import UNROLL_DECODE  # noqa: E402  (jaxrl_hier.bench imports JAX only when called)
 from jaxrl_hier.config import ConfigError  # noqa: E402
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
 
 SYSTEMS = ("trl", "tunix", "ours", "split")
-NUM_GENERATIONS = 4
-NEW_TOKENS = 32
-TEMPERATURE = 1.0
-LEARNING_RATE = 1e-5
-MAX_GRAD_NORM = 1.0
-SEED = 0
-# 8 arithmetic-like prompts of one length (11 characters), so no system pads one prompt more than another.
-PROMPTS = ("12+34*5-67=", "90-12*3+45=", "7*8+91-234=", "45+67-8*90=",
-           "13*2+46-75=", "88-9*10+16=", "5+6*7-89+0=", "31-4*15+92=")
+PEERS = ("trl", "tunix")  # the systems with a minimal script of their own (benchmarks/grpo_minimal.py)
+PEER_TOLERANCE = 0.10  # --check-peers fails when an arm is more than this much slower than its minimal script
+OMP_WAIT_POLICIES = ("auto", "passive", "default")
+SHARED_CPU_BUSY = 0.10  # --omp-wait-policy auto: other jobs busier than this fraction of the CPUs = a shared CPU
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704)
 # `--preset`: "tiny" is MODEL above (the CPU comparison); the others are random models shaped like the published
 # checkpoints (benchmarks/llm_throughput.py's PRESETS), for a GPU run. Their vocabulary keeps its full size (the
@@ -104,27 +110,6 @@ class Settings:
     @property
     def tokens_per_step(self) -> int:
         return len(self.prompts) * self.num_generations * self.new_tokens
-
-
-def digit_fraction(completion: str) -> float:
-    """The shared reward: the fraction of digit characters in a completion (cheap and deterministic)."""
-    return sum(c.isdigit() for c in completion) / max(len(completion), 1)
-
-
-class RewardLog:
-    """The reward function every system calls (TRL's and Tunix's signature: prompts, completions,
-    **kwargs -> list of floats); it keeps each call's completion lengths, so the worker can check that
-    every system generated the same amount."""
-
-    __name__ = "digit_fraction"  # TRL names its reward metrics after the function
-
-    def __init__(self) -> None:
-        self.calls: list[list[int]] = []
-
-    def __call__(self, prompts: list, completions: list, **_: Any) -> list[float]:
-        texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
-        self.calls.append([len(t) for t in texts])
-        return [digit_fraction(t) for t in texts]
 
 
 # --- the checkpoint ---------------------------------------------------------------------------------
@@ -171,14 +156,6 @@ def make_checkpoint(directory: Path, seed: int = SEED, preset: str = "tiny", dty
                 params=sum(p.numel() for p in model.parameters()), tied_embeddings=True, dtype=dtype)
 
 
-def special_ids(tokenizer: Any, vocab_size: int | None = None) -> list[int]:
-    """Token ids no system may sample (pad, bos, eos, unk, and every id of a `vocab_size` model that the
-    tokenizer lacks): every completion then runs to NEW_TOKENS characters."""
-    special = {i for i in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id,
-                           tokenizer.unk_token_id) if i is not None}
-    return sorted(special | set(range(len(tokenizer), vocab_size or 0)))
-
-
 def device_peak_mib(system: str) -> float | None:
     """The accelerator's allocated-bytes high-water mark in this worker (torch's for TRL, JAX's allocator's
     for the JAX systems); None on the CPU."""
@@ -192,22 +169,6 @@ def device_peak_mib(system: str) -> float | None:
 
     peak = device_memory_stats(jax.local_devices()[0])["peak_bytes_in_use"]
     return None if jax.default_backend() == "cpu" or peak is None else peak / 2**20
-
-
-def clock() -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process, all threads): a step start."""
-    return time.perf_counter(), time.process_time()
-
-
-def step_intervals(starts: list[tuple[float, float]], warmup: int, steps: int) -> dict:
-    """Warm-up and timed step seconds (wall, and CPU of the process) from the `clock()` readings taken at
-    the starts of warmup + steps + 1 steps."""
-    if len(starts) < warmup + steps + 1:
-        raise RuntimeError(f"expected {warmup + steps + 1} step starts, saw {len(starts)}")
-    wall = [b[0] - a[0] for a, b in zip(starts, starts[1:])]
-    cpu = [b[1] - a[1] for a, b in zip(starts, starts[1:])]
-    return dict(warmup_step_s=wall[:warmup], step_s=wall[warmup:warmup + steps],
-                step_cpu_s=cpu[warmup:warmup + steps])
 
 
 # --- TRL ------------------------------------------------------------------------------------------
@@ -241,10 +202,10 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
         output_dir=out_dir.name, max_steps=warmup + steps + 1, per_device_train_batch_size=batch,
         gradient_accumulation_steps=1, num_generations=settings.num_generations, num_iterations=1,
         max_completion_length=settings.new_tokens, temperature=settings.temperature, top_p=1.0, top_k=0,
-        generation_kwargs={"suppress_tokens": special_ids(tok, vocab), "min_new_tokens": settings.new_tokens},
+        generation_kwargs={"suppress_tokens": special_ids(tok, vocab)},  # eos suppressed: no min_new_tokens needed
         beta=beta, loss_type="grpo", scale_rewards="group", learning_rate=settings.learning_rate,
         weight_decay=0.0, max_grad_norm=settings.max_grad_norm, lr_scheduler_type="constant",
-        warmup_steps=0, optim="adamw_torch", use_vllm=False, bf16=settings.dtype == "bfloat16", fp16=False,
+        warmup_steps=0, use_vllm=False, bf16=settings.dtype == "bfloat16", fp16=False,  # optim: TRL's default
         gradient_checkpointing=False,  # TRL's GRPOConfig turns it on by default: recompute costs time
         use_cpu=settings.platform == "cpu", report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
         shuffle_dataset=False, dataloader_num_workers=0, seed=settings.seed,
@@ -263,7 +224,8 @@ def bench_trl(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, bet
     out_dir.cleanup()
     return dict(startup_s=startup, **step_intervals(starts, warmup, steps),
                 versions={k: metadata.version(k) for k in ("trl", "torch", "transformers", "accelerate")},
-                threads=torch.get_num_threads(), ref_model=trainer.ref_model is not None)
+                threads=torch.get_num_threads(), ref_model=trainer.ref_model is not None, optim=str(args.optim),
+                jax_imported="jax" in sys.modules)
 
 
 # --- Tunix ----------------------------------------------------------------------------------------
@@ -281,7 +243,7 @@ def bench_tunix(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, b
     from tunix.models.qwen2 import params as qwen2_params
     from tunix.rl import rl_cluster as rl_cluster_lib
     from tunix.rl.grpo import grpo_learner
-    from tunix.rl.rollout import base_rollout, vanilla_rollout
+    from tunix.rl.rollout import base_rollout
     from tunix.utils.mesh import create_mesh
 
     tok = transformers.AutoTokenizer.from_pretrained(ckpt_dir)
@@ -295,38 +257,13 @@ def bench_tunix(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, b
     mesh = create_mesh((1, 1), ("fsdp", "tp"))
     actor = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh)
     reference = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh) if beta else None
-    forbidden = special_ids(tok)
-
-    class SuppressingRollout(vanilla_rollout.VanillaRollout):
-        """Tunix's vanilla rollout with the special tokens forbidden (its sampler takes `forbidden_tokens`,
-        the vanilla rollout does not pass any); the engine-class hook of ClusterConfig builds it."""
-
-        def __init__(self, rollout_actor, tokenizer, mesh, rollout_config):
-            cfg = rollout_actor.config
-            super().__init__(rollout_actor, tokenizer, base_rollout.CacheConfig(
-                cache_size=rollout_config.kv_cache_size, num_layers=cfg.num_layers,
-                num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim))
-
-        def generate(self, prompts, rollout_config, **kwargs):
-            # Tunix hands over numpy str_ items (np.repeat of the batch), which transformers 5's
-            # tokenizers refuse; plain str are the same text.
-            out = self._sampler(
-                input_strings=[str(p) for p in prompts], max_generation_steps=rollout_config.max_tokens_to_generate,
-                max_prompt_length=rollout_config.max_prompt_length, echo=False,
-                temperature=rollout_config.temperature, top_p=rollout_config.top_p, top_k=rollout_config.top_k,
-                seed=rollout_config.seed, pad_output=False, eos_tokens=rollout_config.eos_tokens,
-                forbidden_tokens=forbidden)
-            return base_rollout.RolloutOutput(text=out.text, logits=out.logits, tokens=out.tokens,
-                                              left_padded_prompt_tokens=out.padded_prompt_tokens,
-                                              logprobs=out.logprobs)
-
     prompt_len = 1 + max(len(tok.encode(p)) for p in prompts)  # the sampler adds BOS
     optimizer = optax.chain(optax.clip_by_global_norm(settings.max_grad_norm),
                             optax.adamw(settings.learning_rate, weight_decay=0.0))
     roles = rl_cluster_lib.Role
     cluster_config = rl_cluster_lib.ClusterConfig(
         role_to_mesh={roles.ACTOR: mesh, roles.REFERENCE: mesh, roles.ROLLOUT: mesh},
-        rollout_engine=SuppressingRollout,
+        rollout_engine=suppressing_rollout(special_ids(tok)),
         training_config=rl_cluster_lib.RLTrainingConfig(
             actor_optimizer=optimizer, eval_every_n_steps=10**9, max_steps=warmup + steps + 1,
             pbar_description=None),
@@ -485,7 +422,9 @@ def merge_rounds(system: str, beta: float, rounds: list[dict], settings: Setting
                peak_rss_mib=max(r["peak_rss_mib"] for r in rounds),
                peak_device_mib=max((r["peak_device_mib"] for r in rounds if r.get("peak_device_mib") is not None),
                                    default=None),
-               load_average_1min=[r["load_average_1min"] for r in rounds])
+               load_average_1min=[r["load_average_1min"] for r in rounds],
+               cpu_busy_before=[r.get("cpu_busy_before") for r in rounds],
+               omp_wait_policy=[r.get("omp_wait_policy") for r in rounds])
     if "median_stage_s" in rounds[0]:
         rec["median_stage_s"] = {k: statistics.median(r["median_stage_s"][k] for r in rounds)
                                  for k in rounds[0]["median_stage_s"]}
@@ -518,14 +457,36 @@ def versions() -> dict:
     return out
 
 
-def worker_env(threads: int, system: str = "", platform: str = "cpu") -> dict:
-    """One environment for every worker: the same thread limits for torch (OpenMP) and both JAX systems.
-    OpenMP threads wait passively unless OMP_WAIT_POLICY says otherwise: on a CPU shared with other jobs,
-    torch's spinning waits made generation ~10x slower (38 s instead of 3 s for 32 x 32 tokens here)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+def omp_wait_policy(choice: str, cpu_busy: float | None, user_env: dict | None = None) -> str | None:
+    """The OMP_WAIT_POLICY a worker runs with (None: unset, libgomp's default of spinning a while before
+    sleeping). It matters to torch alone (the JAX systems run on XLA's own thread pools). One set by the
+    user is kept. `auto`: PASSIVE when other jobs kept the CPUs busier than SHARED_CPU_BUSY just before the
+    worker started (`cpu_busy`, None when unknown), else torch's default: with other jobs on the CPU,
+    torch's spinning waits made a TRL step ~10x slower (1.2 s against 13.9 s here at a load average of 5.5
+    on 2 cores); on an idle CPU, passive waits cost it every wake-up of its threads (the issue's TRL arm:
+    0.72 s per step against 0.40-0.44 s for a plain script)."""
+    user_env = USER_ENV if user_env is None else user_env
+    if "OMP_WAIT_POLICY" in user_env:
+        return user_env["OMP_WAIT_POLICY"]
+    if choice == "passive" or (choice == "auto" and (cpu_busy is None or cpu_busy > SHARED_CPU_BUSY)):
+        return "PASSIVE"
+    return None
+
+
+def worker_env(threads: int, system: str = "", platform: str = "cpu", wait_policy: str | None = None) -> dict:
+    """A worker's environment: the one this script was started in (USER_ENV, without the XLA flag that
+    importing jaxrl_hier adds) plus the same thread limits for torch (OpenMP, MKL) and the JAX systems, and
+    `wait_policy` as OMP_WAIT_POLICY (see `omp_wait_policy`). The peers' workers keep XLA's own CPU
+    flags (JAXRL_HIER_KEEP_XLA_CPU_SCHEDULER=1: Tunix runs as in a plain script of its own); ours get
+    jaxrl_hier's, which its import sets."""
+    env = dict(USER_ENV)
+    env.pop("OMP_WAIT_POLICY", None)
+    if wait_policy is not None:
+        env["OMP_WAIT_POLICY"] = wait_policy
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                JAX_PLATFORMS=PLATFORMS[platform], TF_CPP_MIN_LOG_LEVEL="2")
+    if system in PEERS:
+        env["JAXRL_HIER_KEEP_XLA_CPU_SCHEDULER"] = "1"
     if platform == "gpu":  # allocate as needed, so that the allocator's peak is what the step used
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if system == "split":  # two CPU devices: one samples, one trains
@@ -534,7 +495,7 @@ def worker_env(threads: int, system: str = "", platform: str = "cpu") -> dict:
 
 
 WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX_PLATFORMS", "XLA_FLAGS",
-                   "XLA_PYTHON_CLIENT_PREALLOCATE")
+                   "XLA_PYTHON_CLIENT_PREALLOCATE", "JAXRL_HIER_KEEP_XLA_CPU_SCHEDULER")
 
 
 def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path,
@@ -545,8 +506,14 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
            "--threads", str(args.threads), "--result", str(result_path), "--preset", args.preset,
            "--dtype", args.dtype, "--lora-rank", str(args.lora_rank), "--platform", args.platform,
            "--unroll-decode", args.unroll_decode]
-    print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running ...", flush=True)
-    proc = subprocess.run(cmd, env=worker_env(args.threads, system, args.platform), cwd=REPO, capture_output=True, text=True)
+    from jaxrl_hier.bench import cpu_busy_fraction
+
+    busy = cpu_busy_fraction(1.0)  # the other jobs' load, nothing of this benchmark running
+    policy = omp_wait_policy(args.omp_wait_policy, busy)
+    print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running (CPU busy {busy:.0%} before; "
+          f"OMP_WAIT_POLICY {policy or 'unset'}) ...", flush=True)
+    env = worker_env(args.threads, system, args.platform, policy)
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")
@@ -554,13 +521,56 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     if "skipped" in rec:
         print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
         return None
-    rec = summarize(system, beta, rec, args.settings)
+    rec = summarize(system, beta, dict(rec, cpu_busy_before=busy, omp_wait_policy=policy,
+                                       worker_env={k: env.get(k) for k in WORKER_ENV_KEYS}), args.settings)
     device_peak = f", device peak {rec['peak_device_mib']:.0f} MiB" if rec.get("peak_device_mib") else ""
     print(f"[round {round_ + 1}: {system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
           f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
           f"{rec['peak_rss_mib']:.0f} MiB{device_peak}, start-up {rec['startup_s']:.1f}s, first step "
           f"{rec['warmup_step_s'][0] if rec['warmup_step_s'] else float('nan'):.1f}s", flush=True)
     return rec
+
+
+def run_minimal(peer: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, round_: int = 0) -> dict:
+    """`peer`'s minimal script (benchmarks/grpo_minimal.py) on the same checkpoint, steps and threads, in the
+    environment this script was started in (USER_ENV): the peer as a plain script of its own runs."""
+    from jaxrl_hier.bench import cpu_busy_fraction
+
+    cmd = [sys.executable, str(REPO / "benchmarks" / "grpo_minimal.py"), peer, "--ckpt", str(ckpt_dir), "--beta",
+           str(beta), "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    busy = cpu_busy_fraction(1.0)
+    print(f"[round {round_ + 1}/{args.rounds}: {peer} minimal script beta={beta}] running (CPU busy {busy:.0%} "
+          f"before; OMP_WAIT_POLICY {USER_ENV.get('OMP_WAIT_POLICY', 'unset')}) ...", flush=True)
+    proc = subprocess.run(cmd, env=dict(USER_ENV), cwd=REPO, capture_output=True, text=True)
+    from benchmarks.grpo_minimal import MARKER
+
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise RuntimeError(f"{peer} minimal script beta={beta} failed (exit {proc.returncode}):\n{tail}")
+    rec = json.loads(lines[-1][len(MARKER):])
+    expected = (args.warmup + args.steps + 1) * len(PROMPTS) * NUM_GENERATIONS
+    if rec["completion_lengths"] != [args.settings.new_tokens] or rec["completions"] != expected:
+        raise RuntimeError(f"{peer} minimal script: {rec['completions']} completions of lengths "
+                           f"{rec['completion_lengths']}, expected {expected} of {args.settings.new_tokens}")
+    rec.update(median_step_s=statistics.median(rec["step_s"]), cpu_busy_before=busy,
+               omp_wait_policy=USER_ENV.get("OMP_WAIT_POLICY"))
+    print(f"[round {round_ + 1}: {peer} minimal script beta={beta}] median {rec['median_step_s']:.3f}s", flush=True)
+    return rec
+
+
+def peer_check(arm_round_s: list[float], minimal_round_s: list[float], tolerance: float = PEER_TOLERANCE) -> dict:
+    """Is a peer's arm at most `tolerance` slower than its minimal script? The rounds' medians come in
+    pairs (arm and minimal script ran back to back in each round); the verdict is on the median of the
+    pairs' ratios (arm / minimal), which the CPU's drift between rounds moves less than a ratio of pooled
+    times would."""
+    if not arm_round_s or len(arm_round_s) != len(minimal_round_s):
+        raise ValueError(f"need one minimal-script median per arm round, got {len(arm_round_s)} and "
+                         f"{len(minimal_round_s)}")
+    ratios = [a / m for a, m in zip(arm_round_s, minimal_round_s)]
+    ratio = statistics.median(ratios)
+    return dict(arm_round_median_step_s=list(arm_round_s), minimal_round_median_step_s=list(minimal_round_s),
+                round_ratios=ratios, ratio=ratio, tolerance=tolerance, ok=ratio <= 1.0 + tolerance)
 
 
 def markdown(result: dict) -> str:
@@ -581,18 +591,26 @@ def markdown(result: dict) -> str:
                   "|---|---:|---:|---:|---:|"]
         lines += [f"| {x['system']} | {x['beta']:g} | {x['speedup']:.2f} | {x['round_min']:.2f} | {x['round_max']:.2f} |"
                   for x in result["speedups"]]
+    if result.get("peer_check"):
+        lines += ["", "| peer | beta | arm median s (rounds) | minimal script median s (rounds) | arm / minimal "
+                  "(median of rounds) | rounds | within 10% |", "|---|---:|---:|---:|---:|---:|---|"]
+        lines += [f"| {c['system']} | {c['beta']:g} | {statistics.median(c['arm_round_median_step_s']):.3f} | "
+                  f"{statistics.median(c['minimal_round_median_step_s']):.3f} | {c['ratio']:.3f} | "
+                  f"{min(c['round_ratios']):.2f}-{max(c['round_ratios']):.2f} | {'yes' if c['ok'] else '**no**'} |"
+                  for c in result["peer_check"]]
     d = result["device"]
     lines += ["", f"{len(s['prompts'])} prompts x {s['num_generations']} generations x {s['new_tokens']} tokens per "
               f"step, {result['model'].get('preset', 'tiny')} model, {s.get('dtype', 'float32')}, "
               f"{'LoRA rank ' + str(s['lora_rank']) if s.get('lora_rank') else 'full fine-tuning'}, "
               f"{'' if s.get('unroll_decode', 'auto') == 'auto' else 'our decode loop unroll ' + s['unroll_decode'] + ', '}"
               f"{result.get('rounds', 1)} rounds x {result['steps']} timed steps after "
-              f"{result['warmup']} warm-up per system (the systems run in turn each round); {d['device']}, "
+              f"{result['warmup']} warm-up per system (the systems run in turn each round); {d['device']} "
+              f"({d.get('cpu_model', 'CPU model not recorded')}), "
               f"{d['cpu_count']} CPU cores, {s['threads']} threads per system. {result['notes']}"]
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict) -> bytes:
+def plot(result: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -612,14 +630,13 @@ def plot(result: dict) -> bytes:
     ax.set_xticks(x, labels)
     ax.legend(fontsize=8)
     ax.set(ylabel="seconds per GRPO step",
-           title=f"GRPO step, {result['settings']['new_tokens']} tokens x 32 completions, "
-                 f"{result['device']['device']}")
+           title=f"GRPO step, {result['settings']['new_tokens']} tokens x 32 completions\n"
+                 f"{result['device'].get('cpu_model', result['device']['device'])}", )
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from jaxrl_hier.logging.metrics import save_figure
+
+    save_figure(fig, path, dpi=110)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -644,6 +661,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu", help="where the workers run")
     p.add_argument("--unroll-decode", choices=list(UNROLL_DECODE), default="auto",
                    help="ours: how the decode loop runs the layers (GRPOConfig.unroll_decode; auto = by size)")
+    p.add_argument("--check-peers", action="store_true",
+                   help="also run each peer's minimal script (benchmarks/grpo_minimal.py) beside its arm in every "
+                        f"round; exit 1 when an arm is more than {PEER_TOLERANCE:.0%} slower than its script")
+    p.add_argument("--omp-wait-policy", choices=OMP_WAIT_POLICIES, default="auto",
+                   help="OMP_WAIT_POLICY of the workers (torch's threads): auto = PASSIVE when other jobs keep "
+                        "the CPU busy, else torch's default; an OMP_WAIT_POLICY in the environment wins")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -662,6 +685,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}.")
     if any(b < 0 for b in args.betas) or len(set(args.betas)) != len(args.betas):
         raise ConfigError(f"--betas must be distinct and non-negative, got {args.betas}.")
+    if args.check_peers and not set(args.systems) & set(PEERS):
+        raise ConfigError(f"--check-peers needs a peer in --systems ({', '.join(PEERS)}).")
     missing = [s for s, module in (("trl", "trl"), ("tunix", "tunix")) if s in args.systems and
                importlib.util.find_spec(module) is None]
     if missing and not args.worker:
@@ -698,23 +723,40 @@ def run(args: argparse.Namespace) -> dict:
         # Every round runs each (system, beta) once, the systems in an order rotated by one each round:
         # this CPU's speed drifts over minutes, and a system always run last would pay for it alone.
         runs: dict[tuple[str, float], list[dict]] = {}
+        minimal: dict[tuple[str, float], list[dict]] = {}
         for round_ in range(args.rounds):
             order = args.systems[round_ % len(args.systems):] + args.systems[:round_ % len(args.systems)]
             for system in order:
                 for beta in args.betas:
+                    # --check-peers: the peer's minimal script right beside its arm, first every other round
+                    minimal_first = args.check_peers and system in PEERS and round_ % 2 == 1
+                    if minimal_first:
+                        minimal.setdefault((system, beta), []).append(run_minimal(system, beta, ckpt, args, round_))
                     rec = run_system(system, beta, ckpt, args, workdir, round_)
                     if rec is not None:
                         runs.setdefault((system, beta), []).append(rec)
+                    if args.check_peers and system in PEERS and not minimal_first:
+                        minimal.setdefault((system, beta), []).append(run_minimal(system, beta, ckpt, args, round_))
         records = [merge_rounds(system, beta, runs[system, beta], args.settings)
                    for system in args.systems for beta in args.betas if (system, beta) in runs]
+    checks = [dict(system=system, beta=beta, minimal_runs=minimal[system, beta],
+                   **peer_check([r["median_step_s"] for r in runs[system, beta]],
+                                [m["median_step_s"] for m in minimal[system, beta]]))
+              for (system, beta) in minimal if (system, beta) in runs]
     # Whether other jobs shared the CPU: the 1-minute load average when the run started and ended.
-    notes = (f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; on a loaded CPU "
-             "absolute times are noisy, compare systems within one run. " + args.notes).strip()
-    env = worker_env(args.threads, platform=args.platform)
+    busy = [b for r in runs.values() for x in r for b in [x["cpu_busy_before"]] if b is not None]
+    shared = bool(busy) and max(busy) > SHARED_CPU_BUSY
+    notes = (f"Load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; other jobs kept the "
+             f"CPU {min(busy, default=0):.0%}-{max(busy, default=0):.0%} busy in the second before each worker "
+             f"({'a shared CPU' if shared else 'an idle CPU'}); on a loaded CPU absolute times are noisy, compare "
+             "systems within one run. " + args.notes).strip()
+    env = worker_env(args.threads, platform=args.platform,
+                     wait_policy=omp_wait_policy(args.omp_wait_policy, 1.0 if shared else 0.0))
     return dict(device=device_info(), versions=versions(), model=model, settings=asdict(args.settings),
                 worker_env={k: env.get(k) for k in WORKER_ENV_KEYS},
                 steps=args.steps, warmup=args.warmup, rounds=args.rounds, betas=args.betas, systems=args.systems,
-                speedups=speedups(records),
+                speedups=speedups(records), cpu_shared=shared, omp_wait_policy_choice=args.omp_wait_policy,
+                peer_check=checks,
                 peak_memory="worker RSS high-water mark (getrusage ru_maxrss): framework, model, optimiser, "
                             "compiled programs; on a GPU also peak_device_mib: the allocator's high-water mark of "
                             "allocated bytes (JAX memory_stats peak_bytes_in_use; torch.cuda.max_memory_allocated)", notes=notes, records=records)
@@ -733,9 +775,13 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_json(args.out / "grpo.json", result)
     atomic_write_text(args.out / "grpo.md", markdown(result))
     if result["records"]:
-        atomic_write_bytes(args.out / "grpo.png", plot(result))
+        plot(result, args.out / "grpo.png")
     print(f"wrote {args.out / 'grpo.json'}, grpo.md" + (", grpo.png" if result["records"] else ""))
-    return 0
+    slow = [c for c in result["peer_check"] if not c["ok"]]
+    for c in result["peer_check"]:
+        print(f"peer check {c['system']} beta={c['beta']:g}: arm / minimal script {c['ratio']:.3f} (rounds "
+              f"{min(c['round_ratios']):.2f}-{max(c['round_ratios']):.2f}): {'ok' if c['ok'] else 'SLOWER'}")
+    return 1 if slow else 0
 
 
 if __name__ == "__main__":
