@@ -26,10 +26,11 @@ from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_
 CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
 # network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
-# They bound the whole run, retry failed skills, reach the generator, or judge the lock.
+# They bound the whole run, retry failed skills, reach the generator, or judge the lock; a larger
+# `chain_timesteps` goes on with the chain fine-tuning from its last chunk (skills.chain).
 RESUME_SAFE_KEYS = ("max_rounds", "max_wall_s", "max_retries", "stale_lock_s", "stuck_after_s", "generator",
                     "llm_base_url", "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path",
-                    "eval_episodes", "eval_gif_steps", "greedy_eval_every")
+                    "eval_episodes", "eval_gif_steps", "greedy_eval_every", "chain_timesteps")
 
 
 def build_catalog(config: SkillsConfig):

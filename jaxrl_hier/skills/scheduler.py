@@ -223,7 +223,7 @@ class Scheduler:
         from jaxrl_hier.skills.trainer import skill_env_and_policy
 
         c, chain = self.config, self.state.chain
-        if not c.chain_timesteps or chain.get("status") == "done":
+        if not c.chain_timesteps or (chain.get("status") == "done" and chain["steps"] >= c.chain_timesteps):
             return
         experts = self._chain_experts()
         if not experts:
@@ -232,6 +232,9 @@ class Scheduler:
         if not chain:
             target = chain_target(library, list(experts), c.target)
             chain.update(status="running", target=target, plan=[*library.closure(target), target], steps=0, chunk=0)
+            self._save()
+        elif chain["status"] == "done":  # resumed with a larger chain_timesteps: on from the last chunk
+            chain["status"] = "running"
             self._save()
         env, base_params, _ = skill_env_and_policy(c, self.catalog)
         tuner = ChainTuner(c, env, base_params, library, experts, chain["target"])

@@ -5,6 +5,8 @@ chain's PPO program compiles, at a tiny size."""
 
 from __future__ import annotations
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -145,3 +147,15 @@ def test_a_kill_in_the_phase_then_resume_gives_the_uninterrupted_result(tmp_path
     got, want = tuned(tmp_path, state.chain["plan"]), tuned(ref_out, state.chain["plan"])
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(a, b)  # the same numbers as the run that was never killed
+
+
+def test_resume_with_a_larger_chain_budget_goes_on_from_the_last_chunk(tmp_path, reference):
+    ref_out, ref_state, _ = reference
+    out = tmp_path / "run"
+    shutil.copytree(ref_out, out)
+    state, _ = run_chain(out, resume=True, chain_timesteps=256)
+    assert state.chain["status"] == "done" and state.chain["steps"] == 256 and state.chain["chunk"] == 4
+    assert [r["update"] for r in read_jsonl(out / CHAIN_DIR / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [r.total_steps for r in state.skills] == [r.total_steps for r in ref_state.skills]  # skills untouched
+    got, before = tuned(out, state.chain["plan"]), tuned(ref_out, state.chain["plan"])
+    assert not np.allclose(got["collect_wood"]["actor"][0]["kernel"], before["collect_wood"]["actor"][0]["kernel"])
