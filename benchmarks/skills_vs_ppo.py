@@ -2,7 +2,8 @@
 
 For each seed:
 1. the skills run (`python -m jaxrl_hier.skills run --config CONFIG seed=S`), or an existing run
-   directory (`--skills-runs`); its budget is every env step of every skill, failed attempts included;
+   directory (`--skills-runs`); its budget is every env step of every skill, failed attempts included,
+   plus the chain fine-tuning's (`chain_timesteps`, skills.chain), whose tuned experts are the final agent;
 2. flat PPO on the same env (the skills config's `env` and `env_params`) for that budget, with the
    skills config's own `ppo` section (same envs, rollout, widths, learning rate; annealed, since
    flat PPO knows its budget), or the fields of `--ppo-config`;
@@ -11,7 +12,8 @@ For each seed:
 
 The curve of achievements against env steps: flat PPO evaluated the same way after every chunk of
 `--ppo-chunks`; the skills at each skill's completion (the composed agent of the skills completed
-by then, at the env steps all skills had taken by that round).
+by then, at the env steps all skills had taken by that round: the skills' own experts), then the
+final agent at the whole budget (after the chain fine-tuning, when the run has one).
 
     python benchmarks/skills_vs_ppo.py --config configs/skills_techtree.yaml \
         --out benchmarks/results/cpu/skills_vs_ppo/techtree --seeds 0 1 2
@@ -310,18 +312,23 @@ def main(argv=None) -> int:
             run_dir, wall = run_skills(args, seed)
         run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
         state = load_state(run_dir)
-        budget = sum(r.total_steps for r in state.skills)
+        # every skill's steps, failed attempts included, and the chain fine-tuning's (skills.chain)
+        chain_steps = int(state.chain.get("steps", 0))
+        budget = sum(r.total_steps for r in state.skills) + chain_steps
         run = load_run(run_dir, run_config, catalog, args.include_running)
+        # the curve's points before the chain are the skills' own experts, not the tuned ones
+        own = load_run(run_dir, run_config, catalog, args.include_running, use_chain=False) if run.chain else run
         aim = choose_target(run.library, list(run.experts), run.target)
         comp, plan = build_composition(run.env, run.library, run.experts, aim)
-        skills = {"run_dir": str(run_dir), "env_steps": budget, "wall_s": wall, "target": aim, "plan": plan,
+        skills = {"run_dir": str(run_dir), "env_steps": budget, "chain_steps": chain_steps, "wall_s": wall,
+                  "target": aim, "plan": plan,
                   **skills_throughput(run_dir, state),
                   "completed": [n for n in run.experts if n not in run.running], "running": list(run.running),
                   "skills_total": len(state.skills)}
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
-        skills["curve"] = [] if args.no_curve else skills_curve(run_dir, run, state, key, args.episodes, max_steps)
+        skills["curve"] = [] if args.no_curve else skills_curve(run_dir, own, state, key, args.episodes, max_steps)
         # the whole budget (failed attempts after the last completion included), the final agent
         skills["curve"].append({"env_steps": budget, "skill": "(end of run)", "achievements_per_episode":
                                 float(sum(skills["sampled"]["achievements"].values()))})
