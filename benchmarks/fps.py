@@ -188,10 +188,9 @@ def write_outputs(records: list[dict], out: Path, title: str) -> None:
     lines.append(f"{title}; device {info.get('device')}, jax {info.get('jax')}, {info.get('cpu_count')} CPU cores.")
     atomic_write_text(out / "fps.md", "\n".join(lines) + "\n")
 
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     groups: dict[tuple, list] = {}

@@ -611,10 +611,9 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     recs = result["records"]
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -634,8 +633,6 @@ def plot(result: dict, path: Path) -> None:
                  f"{result['device'].get('cpu_model', result['device']['device'])}", )
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    from jaxrl_hier.logging.metrics import save_figure
-
     save_figure(fig, path, dpi=110)
 
 

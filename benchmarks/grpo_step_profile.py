@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hier.llm_rl.config import GRPOConfig
     from jaxrl_hier.llm_rl.grpo import make_train
     from jaxrl_hier.llm_rl.model_setup import build_lora
-    from jaxrl_hier.logging.metrics import save_figure
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
     from jaxrl_hier.tasks import Problem
 
     busy = cpu_busy_fraction(1.0)
@@ -176,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "grpo_step_profile.json", result)
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     parts = (("generation", "tab:blue"), ("scoring", "tab:gray"), ("reference", "tab:orange"),

@@ -110,10 +110,9 @@ def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tok
 
 
 def plot_layouts(records: dict, path: Path, title: str) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(records)
     fig, ax = plt.subplots(figsize=(6, 3.2))

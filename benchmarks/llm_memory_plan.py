@@ -115,10 +115,9 @@ def plan_rows(p: memory.MemoryPlan) -> dict[str, Any]:
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 5))
     for dtype, marker in (("float32", "o"), ("bfloat16", "s")):

@@ -150,12 +150,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     recs = result["records"]
     batches = [r["batch"] for r in recs]

@@ -64,10 +64,11 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
 
 
 def plot(records: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from jaxrl_hier.logging.metrics import pyplot
+
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, workload in zip(axes, ("forward", "grad")):

@@ -94,10 +94,9 @@ def run_k(args, k: int) -> dict:
 
 
 def plot(records: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ks = [r["k"] for r in records]
     fig, ax = plt.subplots(figsize=(6, 4))

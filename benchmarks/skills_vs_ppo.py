@@ -259,10 +259,9 @@ def table(results: dict, names) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, r in enumerate(results["runs"]):  # one legend entry per agent, however many seeds

@@ -297,3 +297,39 @@ def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert plt.get_fignums() == [], name
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plots)  # no temporary file left beside them
+
+
+def test_pyplot_helper_selects_agg_and_jaxrl_hier_imports_no_matplotlib():
+    """Every plot gets pyplot from logging.metrics.pyplot (Agg, no display needed); matplotlib is imported
+    only when a plot is drawn, never by importing the package (a fresh process shows it)."""
+    import matplotlib
+
+    from jaxrl_hier.logging.metrics import pyplot
+
+    plt = pyplot()
+    assert plt is sys.modules["matplotlib.pyplot"]
+    assert matplotlib.get_backend().lower() == "agg"
+    proc = subprocess.run([sys.executable, "-c", "import jaxrl_hier, sys; assert 'matplotlib' not in sys.modules"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_only_the_pyplot_helper_sets_up_matplotlib():
+    """One copy of the matplotlib set-up: no module of the package or its benchmarks but logging/metrics.py
+    calls matplotlib.use or imports pyplot itself; they call jaxrl_hier.logging.metrics.pyplot()."""
+    import ast
+
+    helper = ROOT / "jaxrl_hier" / "logging" / "metrics.py"
+    found = []
+    for path in sorted([*(ROOT / "jaxrl_hier").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
+        if path == helper:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "use" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "matplotlib":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} calls matplotlib.use")
+            elif isinstance(node, ast.Import) and any(a.name == "matplotlib.pyplot" for a in node.names) or \
+                    isinstance(node, ast.ImportFrom) and (node.module == "matplotlib.pyplot" or node.module == "matplotlib"
+                                                          and any(a.name == "pyplot" for a in node.names)):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports matplotlib.pyplot")
+    assert found == []

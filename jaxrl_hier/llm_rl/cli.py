@@ -94,12 +94,9 @@ def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config
 
 def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in records]

@@ -84,12 +84,9 @@ def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
     """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game
     (greedy over the evaluation secrets, which come from the range training uses: `GuessNumberEnv`)."""
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))

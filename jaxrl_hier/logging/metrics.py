@@ -104,12 +104,20 @@ class MetricsWriter:
             self._wandb.finish()
 
 
-def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = "") -> None:
-    """Episode return (and length) against env steps, as a PNG."""
+def pyplot():
+    """`matplotlib.pyplot` with the non-interactive Agg backend selected: every plot of the package and
+    its benchmarks starts here. Imported on call, so importing jaxrl_hier never imports matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = "") -> None:
+    """Episode return (and length) against env steps, as a PNG."""
+    plt = pyplot()
 
     pts = [(r["env_steps"], r["episode_return"], r.get("episode_length")) for r in records
            if r.get("episode_return") is not None]

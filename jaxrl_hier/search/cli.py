@@ -257,12 +257,9 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
 
 def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     pts = [(r["update"], r.get("episode_return"), r.get("achievement/correct")) for r in records
@@ -294,12 +291,9 @@ def results_table(rows: list[dict]) -> str:
 
 
 def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     families: dict[str, list[dict]] = {}

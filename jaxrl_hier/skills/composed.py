@@ -223,12 +223,9 @@ def summarize(stats: EpisodeStats, achievement_names: Sequence[str], achievement
 
 def plot_achievements(report: dict, path: Path, title: str) -> None:
     """Per-achievement success rates of each mode, as horizontal bars."""
-    import matplotlib
+    from jaxrl_hier.logging.metrics import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.metrics import save_figure
+    plt = pyplot()
 
     modes = [m for m in ("greedy", "sampled") if m in report]
     names = list(report[modes[0]]["achievements"])
