@@ -64,6 +64,8 @@ def parse_args(argv=None):
                    help="the wall time of each --skills-runs run (seconds), for the table")
     p.add_argument("--ppo-config", default=None, help="a PPO YAML whose fields replace the skills config's ppo")
     p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
+    p.add_argument("--worlds-seed", type=int, default=1000, help="the fresh worlds of seed S come from key "
+                   "WORLDS_SEED + S (keep them apart from the worlds a setting was chosen on: `skills eval --seed`)")
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
     p.add_argument("--no-curve", action="store_true",
                    help="skip the curve (the composed agent at each completion, PPO after each chunk): only the "
@@ -281,7 +283,8 @@ def plot(results: dict, path: Path) -> None:
 def write_results(args, config: SkillsConfig, max_steps: int, runs: list, partial: bool = False) -> dict:
     """`skills_vs_ppo.json`; `partial` while a seed's flat PPO is still to run (that seed has no `ppo`)."""
     results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,
-               "episodes": args.episodes, "max_steps": max_steps, "device": device_info(), "partial": partial,
+               "episodes": args.episodes, "worlds_seed": args.worlds_seed, "max_steps": max_steps,
+               "device": device_info(), "partial": partial,
                "runs": runs}
     atomic_write_json(args.out / "skills_vs_ppo.json", results)
     return results
@@ -304,7 +307,7 @@ def main(argv=None) -> int:
         sys.exit("give one --skills-runs directory per seed")
     runs = []
     for i, seed in enumerate(args.seeds):
-        key = jax.random.key(1000 + seed)  # the same fresh worlds for both agents
+        key = jax.random.key(args.worlds_seed + seed)  # the same fresh worlds for both agents
         if args.skills_runs:
             run_dir, wall = args.skills_runs[i], args.skills_wall_s[i] if args.skills_wall_s else None
         else:
