@@ -325,7 +325,7 @@ def main(argv=None) -> int:
         skills = {"run_dir": str(run_dir), "env_steps": budget, "chain_steps": chain_steps, "wall_s": wall,
                   "target": aim, "plan": plan,
                   **skills_throughput(run_dir, state),
-                  "completed": [n for n in run.experts if n not in run.running], "running": list(run.running),
+                  "completed": [r.name for r in state.by_status("completed")], "running": list(run.running),
                   "skills_total": len(state.skills)}
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
