@@ -70,7 +70,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 from benchmarks.grpo_task import (  # noqa: E402,F401  (re-exported: the task lives in grpo_task)
     LEARNING_RATE, MAX_GRAD_NORM, NEW_TOKENS, NUM_GENERATIONS, PROMPTS, SEED, TEMPERATURE, RewardLog, clock,
-    digit_fraction, special_ids, step_intervals, suppressing_rollout)
+    digit_fraction, special_ids, step_intervals, suppressing_rollout, tunix_qwen2_config)
 from jaxrl_hier.bench import UNROLL_DECODE  # noqa: E402  (jaxrl_hier.bench imports JAX only when called)
 from jaxrl_hier.config import ConfigError  # noqa: E402
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
@@ -248,12 +248,7 @@ def bench_tunix(ckpt_dir: Path, prompts: tuple[str, ...], reward_fn: Callable, b
 
     tok = transformers.AutoTokenizer.from_pretrained(ckpt_dir)
     hf = transformers.AutoConfig.from_pretrained(ckpt_dir)
-    config = qwen2_lib.ModelConfig(
-        num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size, embed_dim=hf.hidden_size,
-        hidden_dim=hf.intermediate_size, num_heads=hf.num_attention_heads,
-        head_dim=hf.hidden_size // hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
-        rope_theta=int(hf.rope_parameters["rope_theta"]), norm_eps=hf.rms_norm_eps,
-        use_tied_embedding=hf.tie_word_embeddings)
+    config = tunix_qwen2_config(qwen2_lib, hf)
     mesh = create_mesh((1, 1), ("fsdp", "tp"))
     actor = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh)
     reference = qwen2_params.create_model_from_safe_tensors(str(ckpt_dir), config, mesh) if beta else None

@@ -78,12 +78,7 @@ def tunix(ckpt: str, beta: float, steps: int, warmup: int, threads: int, reward:
 
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     hf = transformers.AutoConfig.from_pretrained(ckpt)
-    config = qwen2_lib.ModelConfig(
-        num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size, embed_dim=hf.hidden_size,
-        hidden_dim=hf.intermediate_size, num_heads=hf.num_attention_heads,
-        head_dim=hf.hidden_size // hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
-        rope_theta=int(hf.rope_parameters["rope_theta"]), norm_eps=hf.rms_norm_eps,
-        use_tied_embedding=hf.tie_word_embeddings)
+    config = task.tunix_qwen2_config(qwen2_lib, hf)
     mesh = create_mesh((1, 1), ("fsdp", "tp"))
     actor = qwen2_params.create_model_from_safe_tensors(ckpt, config, mesh)
     reference = qwen2_params.create_model_from_safe_tensors(ckpt, config, mesh) if beta else None

@@ -67,6 +67,18 @@ def step_intervals(starts: list[tuple[float, float]], warmup: int, steps: int) -
                 step_cpu_s=cpu[warmup:warmup + steps])
 
 
+def tunix_qwen2_config(qwen2_lib: Any, hf: Any) -> Any:
+    """Tunix's Qwen2 `ModelConfig` from the checkpoint's transformers config (`qwen2_lib`: Tunix's
+    `tunix.models.qwen2.model`, passed in so that this module imports nothing); the benchmark's
+    Tunix arm and its minimal script build the model the same way."""
+    return qwen2_lib.ModelConfig(
+        num_layers=hf.num_hidden_layers, vocab_size=hf.vocab_size, embed_dim=hf.hidden_size,
+        hidden_dim=hf.intermediate_size, num_heads=hf.num_attention_heads,
+        head_dim=hf.hidden_size // hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
+        rope_theta=int(hf.rope_parameters["rope_theta"]), norm_eps=hf.rms_norm_eps,
+        use_tied_embedding=hf.tie_word_embeddings)
+
+
 def suppressing_rollout(forbidden: list[int]) -> type:
     """Tunix's vanilla rollout with the token ids `forbidden` never sampled (its sampler takes
     `forbidden_tokens`, the vanilla rollout passes none); hand the class to
