@@ -36,7 +36,7 @@ from flax import struct
 
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
-from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
@@ -67,10 +67,7 @@ class ChainEnv(Environment):
     def _look(self, base_state: Any, params: ChainParams) -> tuple[jax.Array, jax.Array]:
         """(acting plan position, bool[P] conditions holding now)."""
         q = self.skill_env.quantities(base_state)
-        last = params.plan.index.shape[0] - 1
-        # Once every skill holds, the target's expert acts (as in the composed agent).
-        acting = jnp.minimum(route(q, params.plan, last + 1, params.needs), last)
-        return acting, conditions_hold(q, params.plan)
+        return route_to_target(q, params.plan, params.needs), conditions_hold(q, params.plan)
 
     def reset(self, key: jax.Array, params: ChainParams):
         base_obs, base_state = self.base.reset(key, params.base)
@@ -123,13 +120,15 @@ class ChainPolicy:
 def chain_target(library: SkillLibrary, available: list[str], target: str) -> str:
     """The skill the chain is tuned towards: `target` when it and its whole closure have experts;
     for "all" (or a target without one), the skill with the longest closure that has."""
+    from jaxrl_hier.skills.composed import choose_target
+
     ok = [s for s in available if s in library and all(d in available for d in library.closure(s))]
-    if target in ok:
-        return target
     if not ok:
         raise SkillError("no skill has experts for itself and all its dependencies: there is no chain to tune.")
-    towards = ok if target not in library else [s for s in ok if s in library.closure(target)] or ok
-    return max(reversed(towards), key=lambda s: len(library.closure(s)))
+    try:  # the composed agent's choice among the skills whose chain is whole
+        return choose_target(library, ok, target)
+    except SkillError:  # none of them on the way to `target`: the deepest of them
+        return choose_target(library, ok, "all")
 
 
 class ChainTuner:
@@ -140,7 +139,7 @@ class ChainTuner:
         from jaxrl_hier.algorithms.ppo import make_train
         from jaxrl_hier.skills.composed import build_composition
 
-        self.config, self.target = config, target
+        self.config = config
         comp, self.plan = build_composition(skill_env, library, experts, target)
         ppo = dataclasses.replace(config.ppo_config(), num_seeds=1, lr=config.chain_lr,
                                   total_timesteps=max(config.chain_timesteps, config.steps_per_update))

@@ -199,7 +199,7 @@ def cmd_status(args) -> int:
 
 def cmd_eval(args) -> int:
     """The composed agent of a run, from fresh worlds: report in DIR/eval/ (see skills.composed)."""
-    from jaxrl_hier.skills.composed import evaluate_run
+    from jaxrl_hier.skills.composed import evaluate_run, report_dir
 
     out = Path(args.output_dir)
     state = load_state(out)
@@ -221,7 +221,7 @@ def cmd_eval(args) -> int:
                           gif_steps=config.eval_gif_steps, include_running=args.include_running,
                           use_chain=not args.before_chain)
     print(status_table(state, report))
-    print(f"report: {out / 'eval'}")
+    print(f"report: {report_dir(out, not args.before_chain)}")
     return 0
 
 

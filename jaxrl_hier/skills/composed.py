@@ -32,7 +32,7 @@ from flax import struct
 
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
-from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask, stack_experts
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
@@ -115,9 +115,7 @@ class ComposedAgent:
     def actions(self, comp: Composition, obs: jax.Array, state: Any, key: jax.Array, greedy: bool):
         """(actions [N], acting plan position [N]) for a batch of base observations and states."""
         q = jax.vmap(self.env.quantities)(state)
-        # Once every routed skill holds, the target's own expert (the last) keeps acting.
-        last = comp.plan.index.shape[0] - 1
-        acting = jnp.minimum(jax.vmap(route, in_axes=(0, None, None, None))(q, comp.plan, last + 1, comp.needs), last)
+        acting = jax.vmap(route_to_target, in_axes=(0, None, None))(q, comp.plan, comp.needs)
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         logits = mix(comp.bank, x, acting, self.act)
@@ -359,15 +357,16 @@ def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes:
                         seed=config.seed if seed is None else seed, gif_steps=gif_steps,
                         achievement_names=tuple(base.achievement_names),
                         achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running,
-                        chain=run.chain,
-                        subdir=BEFORE_CHAIN_DIR if not use_chain and chain_done(run_dir) else EVAL_DIR)
+                        chain=run.chain, subdir=report_dir(run_dir, use_chain).name)
 
 
-def chain_done(run_dir: Path) -> bool:
-    """The run's chain fine-tuning is done (its experts are what `eval` plays by default)."""
+def report_dir(run_dir: Path, use_chain: bool = True) -> Path:
+    """Where `evaluate_run` writes: RUN/eval, or RUN/eval_before_chain for the skills' own experts
+    of a run whose chain fine-tuning is done (its tuned experts are what RUN/eval reports)."""
     from jaxrl_hier.skills.state import load_state
 
-    return load_state(Path(run_dir)).chain.get("status") == "done"
+    before = not use_chain and load_state(Path(run_dir)).chain.get("status") == "done"
+    return Path(run_dir) / (BEFORE_CHAIN_DIR if before else EVAL_DIR)
 
 
 def report_lines(report: dict) -> list[str]:
@@ -389,4 +388,4 @@ def report_lines(report: dict) -> list[str]:
 
 __all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
            "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
-           "read_report", "EVAL_DIR", "REPORT_FILE"]
+           "read_report", "report_dir", "EVAL_DIR", "REPORT_FILE"]

@@ -125,6 +125,14 @@ def route(q: jax.Array, plan: Conditions, plan_len: jax.Array, needs: jax.Array)
     return jnp.where(unmet.any(), jnp.argmax(unmet), plan_len).astype(jnp.int32)
 
 
+def route_to_target(q: jax.Array, plan: Conditions, needs: jax.Array) -> jax.Array:
+    """`route` over a whole plan whose last entry is the target it serves: once every entry holds, the
+    target's own expert (the last) keeps acting. The composed agent (skills.composed) and chain
+    fine-tuning (skills.chain) route this way."""
+    last = plan.index.shape[0] - 1
+    return jnp.minimum(route(q, plan, last + 1, needs), last)
+
+
 class SkillEnv(Environment):
     """Wraps `base` for skill training; see the module docstring."""
 
