@@ -25,7 +25,8 @@ import time
 from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, train_chunk
 from jaxrl_hier.config import ConfigError, build_dataclass, to_dict
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             use_compilation_cache)
 
 # PPOConfig keys a resume may change: they touch logging, outputs and checkpoint retention only,
 # never what is learned. Every other key is refused on resume: total_timesteps, num_minibatches
@@ -68,6 +69,8 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
         refuse_existing_run(output_dir)
 
     import jax
+
+    use_compilation_cache(output_dir)  # a resume loads the compiled programs (runs.compile_cache)
 
     from jaxrl_hier.logging import plot_learning_curve, read_jsonl
 

@@ -29,7 +29,8 @@ from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
 from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             use_compilation_cache)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_problems", "checkpoint_every",
@@ -132,6 +133,8 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     check_inputs(config, task, tokenizer)
 
     import jax
+
+    use_compilation_cache(out)  # a resume loads the compiled programs (runs.compile_cache)
 
     from jaxrl_hier.llm import merge_lora, save_pretrained
     from jaxrl_hier.llm_rl.grpo import make_train

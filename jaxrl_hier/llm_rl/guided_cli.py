@@ -29,7 +29,8 @@ from typing import Any, Callable
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             use_compilation_cache)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
 GUIDED_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_episodes", "checkpoint_every",
@@ -122,6 +123,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         path = getattr(config, key)
         if path is not None and not Path(path).is_dir():
             raise ConfigError(f"{key} {path} is not a local directory (nothing is downloaded).")
+    use_compilation_cache(out)  # a resume loads the compiled programs (runs.compile_cache)
 
     from jaxrl_hier.llm_rl.guided import WarmStartTask, make_env, state_length
     from jaxrl_hier.tasks import build_char_tokenizer

@@ -7,11 +7,14 @@
                    its config.yaml (a resume's written only after its checkpoint is restored)
     progress.py    log, progress_bar: status lines and the progress bar (a context manager), from
                    process 0 only
+    compile_cache.py  use_compilation_cache: XLA's persistent compilation cache in RUN/xla_cache, so a
+                   resumed run loads its programs rather than compiling them again
     resumable.py   ResumableRun: checkpoints and metrics.jsonl kept in step, the loop skeleton of a run
 
 Importing this package is cheap (no jax, no Orbax), so a CLI can check its input and exit 2 first.
 """
 
+from jaxrl_hier.runs.compile_cache import use_compilation_cache
 from jaxrl_hier.runs.directory import (RUN_FILES, RunConfigFile, check_resume_changes, load_saved_config,
                                        refuse_existing_run, resolve_output_dir, save_run_config)
 from jaxrl_hier.runs.process import from_primary, init_distributed, is_primary, sync_processes
@@ -20,4 +23,4 @@ from jaxrl_hier.runs.resumable import ResumableRun
 
 __all__ = ["RUN_FILES", "ResumableRun", "RunConfigFile", "check_resume_changes", "from_primary", "init_distributed",
            "is_primary", "load_saved_config", "log", "progress_bar", "refuse_existing_run", "resolve_output_dir",
-           "save_run_config", "sync_processes"]
+           "save_run_config", "sync_processes", "use_compilation_cache"]

@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes)
+                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             use_compilation_cache)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
@@ -404,6 +405,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     task, tokenizer = make_task_and_tokenizer(config)
     check_inputs(config, task, tokenizer)
     config.ppo_config().validate()
+    use_compilation_cache(out)  # a resume loads the compiled programs (runs.compile_cache)
 
     from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
-from jaxrl_hier.runs import is_primary
+from jaxrl_hier.runs import is_primary, use_compilation_cache
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
@@ -132,6 +132,7 @@ def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, prog
     from jaxrl_hier.skills.scheduler import Scheduler
     from jaxrl_hier.skills.trainer import SkillTrainer
 
+    use_compilation_cache(output_dir)  # a resume loads the compiled programs (runs.compile_cache)
     generator = build_generator(config, catalog)
     trainer = SkillTrainer(config, catalog)
     scheduler = Scheduler(config, output_dir, trainer, generator, catalog, progress=_progress(progress))
@@ -216,6 +217,7 @@ def cmd_eval(args) -> int:
                           f"{closest(args.target, sorted(known))}")
     if not state.by_status("completed"):
         raise ConfigError(f"no skill of {out} has completed yet: there is no composed agent to evaluate.")
+    use_compilation_cache(out)  # the run's own programs, and a second eval of it
     report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,
                           target=args.target, max_steps=args.max_steps, seed=args.seed,
                           gif_steps=config.eval_gif_steps, include_running=args.include_running,
