@@ -58,6 +58,12 @@ class SkillsConfig:
     # About num_envs x 2 x the time limit.
     fresh_min_timesteps: int = 0
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
+    # The frozen-expert bank a round trains with (skills.trainer): "fit" cuts it to the longest running
+    # plan rounded up to a power of two (least arithmetic; a compile per new size), "max" keeps all
+    # max_experts rows (one program per number of running skills). On one H200 a compile took 58-59 s
+    # whatever the shape and the 12-row bank's round 2% longer than the 2-row one's
+    # (benchmarks/results/h200/skills_compile/): "max" for the GPU.
+    bank_shapes: str = "fit"
     max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
     # Stop before the next round once this process has run this many seconds (0: no limit): a run
     # sized by wall time ("an hour on this GPU"). Running skills stay running, as with max_rounds, and
@@ -131,6 +137,8 @@ class SkillsConfig:
             raise ConfigError(f"'max_retries' must be >= 0, got {self.max_retries}.")
         if not 0.0 < self.success_rate_threshold <= 1.0:
             raise ConfigError(f"'success_rate_threshold' must lie in (0, 1], got {self.success_rate_threshold}.")
+        if self.bank_shapes not in ("fit", "max"):
+            raise ConfigError(f"'bank_shapes' must be 'fit' or 'max', got '{self.bank_shapes}'.")
         if self.moe_dispatch not in ("gather", "mask"):
             raise ConfigError(f"'moe_dispatch' must be 'gather' or 'mask', got '{self.moe_dispatch}'.")
         self.ppo_config()  # validates the ppo section

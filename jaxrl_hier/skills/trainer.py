@@ -9,9 +9,9 @@ several devices each slot's envs are split over the `data` mesh as in a plain PP
 Python only acts between rounds of `updates_per_round` updates.
 
 Idle slots cost nothing: a round takes only the active slots out of the runner, with their frozen
-expert banks cut to the longest plan among them (rounded up to a power of two), trains that, and
-puts it back. So there is one compiled program per (number of active slots, bank rows): a handful
-of shapes in a run, each compiled once. The stored runner keeps the full shape (`max_parallel_skills` slots,
+expert banks cut to the longest plan among them (rounded up to a power of two; all `max_experts`
+rows with `bank_shapes: max`), trains that, and puts it back. So there is one compiled program per
+(number of active slots, bank rows): a handful of shapes in a run, each compiled once. The stored runner keeps the full shape (`max_parallel_skills` slots,
 `max_experts` bank rows), so checkpoints do not depend on which slots were active.
 
 After each round every active skill is also evaluated greedily (argmax actions, of the frozen
@@ -172,7 +172,7 @@ class SkillTrainer:
             return [IDLE] * self.slots
         idx = jnp.asarray(active, jnp.int32)
         plan_len = np.asarray(self.runner.extra_variables["experts"]["plan_len"])
-        rows = bank_rows(int(plan_len[active].max()), self.config.max_experts)
+        rows = bank_rows(int(plan_len[active].max()), self.config.max_experts, self.config.bank_shapes)
         sub = self._select(self.runner, idx, rows)
         sub, metrics = self.ppo.update(jax.device_put(sub, self.ppo.shardings(sub)), self.config.updates_per_round)
         if greedy_eval:
@@ -274,10 +274,13 @@ def skill_env_and_policy(config: SkillsConfig, catalog: SkillLibrary) -> tuple[S
     return env, base_params, policy
 
 
-def bank_rows(plan_len: int, max_experts: int) -> int:
-    """Frozen bank rows for plans up to `plan_len` long: 0 (no routing at all) or the next power of
-    two, so that a run compiles a few bank shapes rather than one per plan length."""
-    return 0 if plan_len == 0 else min(max_experts, 1 << (plan_len - 1).bit_length())
+def bank_rows(plan_len: int, max_experts: int, shapes: str = "fit") -> int:
+    """Frozen bank rows for plans up to `plan_len` long: 0 (no routing at all), else the next power of
+    two (`shapes` "fit": a few bank shapes rather than one per plan length) or all `max_experts`
+    rows ("max": one shape, for machines where a compile costs more than the unused rows)."""
+    if plan_len == 0:
+        return 0
+    return max_experts if shapes == "max" else min(max_experts, 1 << (plan_len - 1).bit_length())
 
 
 def _select(runner: Any, idx: jax.Array, rows: int) -> Any:

@@ -107,27 +107,29 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     assert ("imitation stage already complete" in err) == ours
     assert (out / "eval/results.json").read_text() == before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
-    # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
-    # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
-    shutil.rmtree(out / "checkpoints" / "2")
-    capsys.readouterr()
-    assert train.main(args + ["--resume"]) == 0
-    assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
-    replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    volatile = ("time_s", "search_steps_per_s")
-    assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
-        [{k: v for k, v in r.items() if k not in volatile} for r in records]
-    assert (out / "trees.txt").read_text() == trees
-    # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
-    # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
-    # holds the later trees too, which the stage must drop and write again).
-    shutil.rmtree(out / "checkpoints")
-    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
-    assert train.main(args + ["--resume"]) == 0
-    restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
-        [{k: v for k, v in r.items() if k not in volatile} for r in records]
-    assert (out / "trees.txt").read_text() == trees
+    # The PPO stage's kill windows are the same code for both configs: checked once, on ours.
+    if ours:
+        # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
+        # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
+        shutil.rmtree(out / "checkpoints" / "2")
+        capsys.readouterr()
+        assert train.main(args + ["--resume"]) == 0
+        assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
+        replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        volatile = ("time_s", "search_steps_per_s")
+        assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
+            [{k: v for k, v in r.items() if k not in volatile} for r in records]
+        assert (out / "trees.txt").read_text() == trees
+        # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
+        # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
+        # holds the later trees too, which the stage must drop and write again).
+        shutil.rmtree(out / "checkpoints")
+        (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+        assert train.main(args + ["--resume"]) == 0
+        restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
+            [{k: v for k, v in r.items() if k not in volatile} for r in records]
+        assert (out / "trees.txt").read_text() == trees
     # A kill between a parameter stage's checkpoint and its DONE (the classifier reward model, or the
     # imitation stage): --resume redoes that stage over the orphaned checkpoint, to the same result.
     stage = out / ("imitation" if ours else "reward_model")

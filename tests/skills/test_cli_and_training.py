@@ -70,6 +70,7 @@ def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
     (SKILLS_YAML, ["generator=planner", "target=fly"], "target 'fly' is not"),
     (SKILLS_YAML, ["max_attempt_steps=-1"], "'max_attempt_steps' must be >= 0"),
     (SKILLS_YAML, ["greedy_eval_every=-2"], "'greedy_eval_every' must be >= 0"),
+    (SKILLS_YAML, ["bank_shapes=all"], "'bank_shapes' must be 'fit' or 'max'"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides, message):
     config = write_config(tmp_path, skills)

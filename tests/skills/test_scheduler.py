@@ -406,3 +406,16 @@ def test_greedy_evaluation_runs_every_nth_round(tmp_path):
     never = FakeTrainer()
     run(tmp_path / "never", never, max_rounds=3, greedy_eval_every=0)
     assert never.greedy_evals == [False] * 3
+
+
+@pytest.mark.parametrize("chain_timesteps,target_attempts", [(0, 2), (1000, 1)])
+def test_the_target_is_not_retried_when_chain_fine_tuning_follows(tmp_path, monkeypatch, chain_timesteps,
+                                                                  target_attempts):
+    # The chain phase itself (skills.chain, tests/skills/test_chain.py) is not what this checks.
+    monkeypatch.setattr(Scheduler, "_chain", lambda self: None)
+    trainer = FakeTrainer(fail_first={"place_table"}, never={"make_wood_pickaxe"})
+    state = run(tmp_path, trainer, target="make_wood_pickaxe", max_retries=1, chain_timesteps=chain_timesteps)
+    assert state.record("place_table").status == "completed" and state.record("place_table").attempts == 2
+    target = state.record("make_wood_pickaxe")
+    assert target.status == "failed" and target.attempts == trainer.starts.count("make_wood_pickaxe") == target_attempts
+    assert (tmp_path / "skills" / target.dirname / "expert.json").is_file()  # the chain starts from it

@@ -351,3 +351,10 @@ def test_pool_refill_tops_up_every_seed_along_share_axes():
         assert fresh[0].all() and not fresh[1, 0] and bool(fresh[1, 1]) == bool(share)
     with pytest.raises(Exception, match="subset of sync_axes"):
         make_vec_env(env, params, num_envs=4, share_axes=("seed",))
+
+
+def test_bank_rows_fit_the_longest_plan_in_powers_of_two_or_keep_every_row():
+    from jaxrl_hier.skills.trainer import bank_rows
+
+    assert [bank_rows(n, 12) for n in range(13)] == [0, 1, 2, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12]
+    assert [bank_rows(n, 12, "max") for n in range(13)] == [0] + [12] * 12  # no routing without a plan
