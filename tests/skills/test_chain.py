@@ -14,13 +14,13 @@ import pytest
 from fake_skills_trainer import Crash, FakeTrainer, RecordingPlanner, config
 
 from jaxrl_hier.logging.metrics import read_jsonl
-from jaxrl_hier.skills.cli import status_table
+from jaxrl_hier.skills.cli import status_table, target_reached
 from jaxrl_hier.skills import state as state_module
 from jaxrl_hier.skills.chain import CHAIN_DIR, ChainEnv, ChainParams, chain_target, load_chain
 from jaxrl_hier.skills.composed import build_composition, evaluate_run
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.scheduler import Scheduler
-from jaxrl_hier.skills.state import load_state
+from jaxrl_hier.skills.state import SchedulerState, SkillRecord, load_state
 from jaxrl_hier.skills.trainer import load_expert, save_expert, skill_env_and_policy
 
 TINY = dict(target="make_wood_pickaxe", max_experts=4, updates_per_round=2, chain_timesteps=192, chain_lr=1e-3,
@@ -89,6 +89,19 @@ def test_progress_reward_routing_and_end_at_the_target():
     # stops holding when the table spends the wood, but a skill pays once per episode)
     assert rewards == [0.0, 1.0, 1.0] and acting[:2] == [0, 1] and dones == [False, False, True]
     assert plan == ["collect_wood", "place_table"]
+
+
+def test_a_target_the_chain_tuned_counts_as_reached_for_the_exit_code():
+    def state(target_status, chain):
+        return SchedulerState(target="make_wood_pickaxe", chain=chain, skills=[
+            SkillRecord(0, "collect_wood", {}, status="completed"),
+            SkillRecord(1, "make_wood_pickaxe", {}, status=target_status)])
+
+    tuned = {"status": "done", "target": "make_wood_pickaxe"}
+    assert target_reached(state("completed", {})) and target_reached(state("failed", tuned))
+    assert not target_reached(state("failed", {}))
+    assert not target_reached(state("failed", {**tuned, "status": "running"}))  # a phase cut short
+    assert not target_reached(state("failed", {**tuned, "target": "collect_wood"}))  # tuned towards less
 
 
 def test_chain_target_needs_experts_for_the_whole_chain():
