@@ -150,7 +150,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     t0 = time.perf_counter()
     sft_info: dict = {}
     if config.sft_steps:
-        lm, sft_info = run_sft_stage(config, args, out, lm, tokenizer, task, mesh, config_file)
+        lm, sft_info = run_sft_stage(config.sft_stage(), args, out, lm, tokenizer, task, mesh, config_file)
     if algorithm == "sft":
         return 0
 

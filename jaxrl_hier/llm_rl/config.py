@@ -30,6 +30,29 @@ ROUND_STRIDE = 97
 
 
 @dataclass(frozen=True)
+class SFTStageConfig:
+    """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else: GRPO
+    builds it from its config (`GRPOConfig.sft_stage()`), PGTS through that, the guided agent from
+    its own keys (`guided_cli`)."""
+
+    steps: int
+    batch_size: int
+    learning_rate: float
+    warmup_steps: int
+    max_prompt_length: int
+    max_new_tokens: int
+    seed: int
+    eval_problems: int  # distinct held-out problems of the greedy check at the end
+    log_every: int
+    checkpoint_every: int
+    keep_checkpoints: int
+    lora_rank: int = 0  # > 0: train a LoRA adapter of this rank (merged at the end), else every weight
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = ()
+    suppress_tokens: tuple[int, ...] = ()  # token ids the greedy check never decodes
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
     seed: int = 0
 
@@ -119,6 +142,16 @@ class GRPOConfig:
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.num_generations
+
+    def sft_stage(self) -> SFTStageConfig:
+        """The warm-start's settings (with `sft_lora` the stage trains the run's LoRA adapter)."""
+        return SFTStageConfig(steps=self.sft_steps, batch_size=self.sft_batch_size, learning_rate=self.sft_learning_rate,
+                              warmup_steps=self.sft_warmup_steps, max_prompt_length=self.max_prompt_length,
+                              max_new_tokens=self.max_new_tokens, seed=self.seed, eval_problems=self.eval_problems,
+                              log_every=self.log_every, checkpoint_every=self.sft_checkpoint_every,
+                              keep_checkpoints=self.keep_checkpoints, lora_rank=self.lora_rank if self.sft_lora else 0,
+                              lora_alpha=self.lora_alpha, lora_targets=tuple(self.lora_targets),
+                              suppress_tokens=tuple(self.suppress_tokens))
 
     def resolved(self) -> "GRPOConfig":
         """The config with every variant-implied None filled in (see VARIANT_DEFAULTS)."""

@@ -23,10 +23,10 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
@@ -58,17 +58,14 @@ def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
                           f"max_new_tokens={config.max_new_tokens}; raise max_new_tokens.")
 
 
-def _sft_settings(config: GuidedConfig, state_len: int) -> SimpleNamespace:
-    """The keys `sft_stage.run_sft_stage` reads, for full fine-tuning of the backbone on [S] states."""
-    return SimpleNamespace(sft_lora=False, lora_rank=config.lora_rank, sft_steps=config.sft_steps,
-                           sft_batch_size=config.sft_batch_size, sft_learning_rate=config.sft_learning_rate,
-                           sft_warmup_steps=config.sft_warmup_steps, max_prompt_length=state_len,
-                           max_new_tokens=config.max_new_tokens, seed=config.seed,
-                           keep_checkpoints=config.keep_checkpoints, log_every=config.log_every,
-                           sft_checkpoint_every=config.sft_checkpoint_every, eval_problems=config.eval_episodes,
-                           # the SFT stage's greedy check decodes unfiltered, as before; the guided
-                           # trainer's own evaluation suppresses the special tokens (guided.py)
-                           suppress_tokens=())
+def _sft_settings(config: GuidedConfig, state_len: int) -> SFTStageConfig:
+    """The warm-start: full fine-tuning of the backbone on [S] states (no adapter). Its greedy check
+    decodes unfiltered; the guided trainer's own evaluation suppresses the special tokens (guided.py)."""
+    return SFTStageConfig(steps=config.sft_steps, batch_size=config.sft_batch_size,
+                          learning_rate=config.sft_learning_rate, warmup_steps=config.sft_warmup_steps,
+                          max_prompt_length=state_len, max_new_tokens=config.max_new_tokens, seed=config.seed,
+                          eval_problems=config.eval_episodes, log_every=config.log_every,
+                          checkpoint_every=config.sft_checkpoint_every, keep_checkpoints=config.keep_checkpoints)
 
 
 def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:

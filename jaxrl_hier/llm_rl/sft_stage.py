@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
 from jaxrl_hier.runs import ResumableRun, RunConfigFile, is_primary, log, progress_bar
 
 
-def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
+def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
                   mesh: Any, config_file: RunConfigFile | None = None) -> tuple[Any, dict]:
     """Train (or resume, or skip) the warm-start; returns the model to start RL from and the stage's summary.
     `config_file`: the run's config.yaml, written once the stage's checkpoint is restored."""
@@ -40,15 +40,15 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
         model.tokenizer = tokenizer
         log(f"SFT stage already complete ({stage}): held-out accuracy {info.get('eval_accuracy')}")
         return model, info
-    lora = build_lora(config, lm, mesh) if config.sft_lora else None
-    sft = SFT(lm, tokenizer, task, steps=config.sft_steps, batch_size=config.sft_batch_size,
-              learning_rate=config.sft_learning_rate, warmup_steps=config.sft_warmup_steps,
+    lora = build_lora(config, lm, mesh)  # None when lora_rank is 0: every weight trains
+    sft = SFT(lm, tokenizer, task, steps=config.steps, batch_size=config.batch_size,
+              learning_rate=config.learning_rate, warmup_steps=config.warmup_steps,
               max_prompt_length=config.max_prompt_length, max_new_tokens=config.max_new_tokens, seed=config.seed,
               lora=lora)
     state = sft.init()
     t0 = time.perf_counter()
     with ResumableRun(stage / "checkpoints", {"stage": "sft"}, keep=config.keep_checkpoints,
-                      every=config.sft_checkpoint_every, total=None, resume=True, primary=is_primary(),
+                      every=config.checkpoint_every, total=None, resume=True, primary=is_primary(),
                       config_file=config_file) as run:
         state, start = run.restore(state)
         if start:
@@ -57,16 +57,16 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
         # targets cut to max_new_tokens since the last record (a record covers log_every steps), and in all;
         # logged at the first only, as a long-tailed file would cut some at every step
         truncated = total_truncated = 0
-        with progress_bar(args, config.sft_steps, start, "sft") as progress:
-            for step in range(start + 1, config.sft_steps + 1):
+        with progress_bar(args, config.steps, start, "sft") as progress:
+            for step in range(start + 1, config.steps + 1):
                 state, metrics = sft.train_step(state, step - 1)
                 if metrics["truncated_targets"] and not total_truncated:
-                    log(f"SFT step {step}: {metrics['truncated_targets']} of {config.sft_batch_size} targets are "
+                    log(f"SFT step {step}: {metrics['truncated_targets']} of {config.batch_size} targets are "
                         f"longer than max_new_tokens={config.max_new_tokens} and lose their end (answer line, "
                         "EOS); metrics.jsonl counts them as truncated_targets. Raise max_new_tokens.")
                 truncated += metrics["truncated_targets"]
                 total_truncated += metrics["truncated_targets"]
-                if step % config.log_every == 0 or step == config.sft_steps:
+                if step % config.log_every == 0 or step == config.steps:
                     rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     rec["truncated_targets"], truncated = float(truncated), 0
                     writer.write({"update": step, "step": step, "time_s": time.perf_counter() - t0, **rec})
@@ -86,14 +86,14 @@ def run_sft_stage(config: GRPOConfig, args: argparse.Namespace, out: Path, lm: A
         from jaxrl_hier.tasks import save_tokenizer
 
         save_tokenizer(tokenizer, stage / "model")
-    info = {"steps": config.sft_steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
+    info = {"steps": config.steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
             "eval_problems": len(test), "time_s": time.perf_counter() - t0}
     if is_primary():
         from jaxrl_hier.io import atomic_write_json
 
         atomic_write_json(done, info)
     cut = f"; {total_truncated} targets cut to max_new_tokens={config.max_new_tokens}" if total_truncated else ""
-    log(f"SFT done: {config.sft_steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
+    log(f"SFT done: {config.steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
     return lm, info
 
 

@@ -156,7 +156,7 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     sft_cfg = dataclasses.replace(config, seed=config.seed + 1, sft_steps=config.rm_sft_steps).sft_config()
     mesh = build_mesh(sft_cfg)
     model, _ = build_policy(sft_cfg, tokenizer, mesh=mesh)
-    model, sft_info = run_sft_stage(sft_cfg, args or argparse.Namespace(no_progress=True), stage, model, tokenizer,
+    model, sft_info = run_sft_stage(sft_cfg.sft_stage(), args or argparse.Namespace(no_progress=True), stage, model, tokenizer,
                                     task, mesh)
     verifier = LikelihoodVerifier(model)
     if (stage / "DONE").is_file():
@@ -422,7 +422,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     sft_info: dict = {}
     if config.sft_steps:
         tick = time.perf_counter()
-        lm, sft_info = run_sft_stage(sft_cfg, args, out, lm, tokenizer, task, mesh, config_file)
+        lm, sft_info = run_sft_stage(sft_cfg.sft_stage(), args, out, lm, tokenizer, task, mesh, config_file)
         times["sft_s"] = time.perf_counter() - tick
     tick = time.perf_counter()
     rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task, args)
