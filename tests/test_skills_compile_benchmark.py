@@ -1,0 +1,44 @@
+"""benchmarks/skills_compile.py without compiling anything: its shapes and overrides are checked
+before the trainer is built (exit with a message naming the fix), each shape gets the skill whose
+plan fills its bank, and the report reads every settings' JSON in the folder."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import skills_compile as bench  # noqa: E402
+from jaxrl_hier.skills.library import craftax_classic_library  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shapes_overrides_and_skills_for_each_bank():
+    assert bench.parse_shape("3x12", 3, 12) == (3, 12)
+    for bad in ("4x2", "1x13", "two"):
+        with pytest.raises(SystemExit, match="AxR|max_parallel_skills"):
+            bench.parse_shape(bad, 3, 12)
+    # ppo.KEY merges into the config's ppo section (ppo= alone would replace it)
+    merged = bench.merged_overrides(str(ROOT / "configs/skills_craftax_classic_gpu.yaml"),
+                                    ["ppo.num_envs=4", "max_experts=2"])
+    assert merged["max_experts"] == 2 and merged["ppo"]["num_envs"] == 4 and merged["ppo"]["hidden_size"] == 512
+    lib = craftax_classic_library()
+    picks = {rows: bench.skill_for_rows(lib, rows) for rows in (0, 1, 2, 12)}
+    assert [len(lib.closure(picks[r])) for r in (0, 1, 2, 12)] == [0, 1, 2, 9]
+
+
+def test_report_tables_every_settings_file(tmp_path):
+    for label, compile_s in (("default", 58.9), ("autotune0", 42.7)):
+        shape = {"shape": "1x2", "skill": "make_wood_pickaxe", "plan_len": 2, "compile_s": compile_s,
+                 "round_s": 4.8, "env_steps_per_s": 136000.0}
+        (tmp_path / f"skills_compile_{label}.json").write_text(json.dumps(
+            {"label": label, "device": {"device": "gpu:H200", "jax": "0.11.2"}, "xla_flags": "",
+             "compilation_cache_dir": None, "shapes": [shape]}))
+    bench.write_report(tmp_path)
+    table = (tmp_path / "skills_compile.md").read_text()
+    assert "| default | 1x2 | make_wood_pickaxe (2) | 58.9 |" in table and "| autotune0 | 1x2" in table
+    assert (tmp_path / "skills_compile.png").stat().st_size > 0
