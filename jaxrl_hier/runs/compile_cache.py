@@ -12,7 +12,7 @@ A cache the user chose wins: `JAX_COMPILATION_CACHE_DIR`, or a directory set in 
 A cached program is the same executable, so a resumed run's numbers do not change. JAX writes an
 entry in place, not atomically: a kill in mid-write leaves a truncated entry, which JAX refuses with
 a warning when a later run reads it (the stream fails to decompress) and compiles past, so the run
-still resumes, without the saving for that one program (tests/runs/test_compile_cache.py).
+still resumes, without the saving for that one program (tests/test_compile_cache.py).
 """
 
 from __future__ import annotations
