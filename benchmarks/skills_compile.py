@@ -22,6 +22,7 @@ come from the environment (`XLA_FLAGS`, `JAX_COMPILATION_CACHE_DIR`) and are rec
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -29,7 +30,6 @@ from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
 import jax
-import numpy as np
 
 from jaxrl_hier.bench import device_info, time_compiled
 from jaxrl_hier.config import ConfigError, load_config, parse_overrides, read_yaml
@@ -74,7 +74,7 @@ def parse_shape(text: str, max_parallel: int, max_experts: int) -> tuple[int, in
 
 def skill_for_rows(library, rows: int) -> str:
     """The skill with the longest plan of at most `rows` frozen experts (none: rows 0)."""
-    return max(library.names, key=lambda n: (len(library.closure(n)) if len(library.closure(n)) <= rows else -1))
+    return max((n for n in library.names if len(library.closure(n)) <= rows), key=lambda n: len(library.closure(n)))
 
 
 def measure_shape(trainer: SkillTrainer, library, active: int, rows: int, key: jax.Array, repeats: int) -> dict:
@@ -95,8 +95,6 @@ def measure_shape(trainer: SkillTrainer, library, active: int, rows: int, key: j
 
 
 def write_report(out: Path) -> None:
-    import json
-
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("skills_compile_*.json"))]
     if not runs:
         return

@@ -14,14 +14,7 @@ set -uo pipefail
 out=$1
 config=${CONFIG:-configs/skills_craftax_classic_gpu.yaml}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
-export PYTHONUNBUFFERED=1
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
-  python3 -c "import jax, flax, optax, craftax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
-  nproc; } | tee "$out/versions.txt"
+source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 rc=0
 measure() {  # LABEL TIME_LIMIT_S XLA_FLAGS SHAPE...
   local label=$1 limit=$2 flags=$3

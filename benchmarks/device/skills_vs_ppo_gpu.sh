@@ -14,15 +14,9 @@ out=$1 wall=$2
 shift 2
 config=${CONFIG:-configs/skills_craftax_classic_gpu.yaml}
 mkdir -p "$out"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
-fi
 # Two JAX processes share the GPU (the skills run is a subprocess): each takes under half of it.
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
-  python3 -c "import jax, flax, optax, craftax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
-  nproc; } | tee "$out/versions.txt"
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 work=$(mktemp -d)
 timeout $((wall + 330)) python3 benchmarks/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
   --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"

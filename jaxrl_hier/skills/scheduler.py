@@ -307,12 +307,13 @@ class Scheduler:
             rate = "n/a" if r.success_rate is None else f"{r.success_rate:.2f}"
             reason = (f"attempt {r.attempts}: success rate {rate}{' from fresh worlds' if r.phase else ''} "
                       f"< {threshold} after {r.steps:,} steps")
-            if r.attempts <= c.max_retries and not self._chain_tunes(r):
+            chain_tunes = self._chain_tunes(r)
+            if r.attempts <= c.max_retries and not chain_tunes:
                 log.warning("skill '%s' %s; retrying from scratch", r.name, reason)
                 r.status, r.slot = "pending", None
             else:
                 log.warning("skill '%s' failed: %s%s", r.name, reason,
-                            "; not retried: chain fine-tuning trains it on from this expert" if self._chain_tunes(r) else "")
+                            "; not retried: chain fine-tuning trains it on from this expert" if chain_tunes else "")
                 # Its last attempt's expert is kept: chain fine-tuning (skills.chain) may start from it.
                 self.trainer.save_expert(self.skill_dir(r), self.trainer.expert(r.slot),
                                          {"skill": r.name, "id": r.id, "success_rate": r.success_rate,

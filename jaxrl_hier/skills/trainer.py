@@ -11,8 +11,9 @@ Python only acts between rounds of `updates_per_round` updates.
 Idle slots cost nothing: a round takes only the active slots out of the runner, with their frozen
 expert banks cut to the longest plan among them (rounded up to a power of two; all `max_experts`
 rows with `bank_shapes: max`), trains that, and puts it back. So there is one compiled program per
-(number of active slots, bank rows): a handful of shapes in a run, each compiled once. The stored runner keeps the full shape (`max_parallel_skills` slots,
-`max_experts` bank rows), so checkpoints do not depend on which slots were active.
+(number of active slots, bank rows): a handful of shapes in a run, each compiled once. The stored
+runner keeps the full shape (`max_parallel_skills` slots, `max_experts` bank rows), so checkpoints
+do not depend on which slots were active.
 
 After each round every active skill is also evaluated greedily (argmax actions, of the frozen
 experts too): `num_envs` fresh episodes per slot, each given the round's rollout length
