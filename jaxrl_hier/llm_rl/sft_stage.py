@@ -11,14 +11,13 @@ A finished stage is loaded, an unfinished one resumed from its latest checkpoint
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
-from jaxrl_hier.runs import ResumableRun, RunConfigFile, is_primary, log, progress_bar
+from jaxrl_hier.runs import ResumableRun, RunConfigFile, is_primary, log, progress_bar, seal_stage, stage_summary
 
 
 def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
@@ -33,9 +32,8 @@ def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, l
     from jaxrl_hier.llm_rl.sft import SFT
 
     stage = out / "sft"
-    done = stage / "DONE"
-    if done.is_file():
-        info = json.loads(done.read_text())
+    info = stage_summary(stage)
+    if info is not None:
         model = load_pretrained(stage / "model", dtype=lm.dtype, mesh=mesh)
         model.tokenizer = tokenizer
         log(f"SFT stage already complete ({stage}): held-out accuracy {info.get('eval_accuracy')}")
@@ -88,10 +86,7 @@ def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, l
         save_tokenizer(tokenizer, stage / "model")
     info = {"steps": config.steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
             "eval_problems": len(test), "time_s": time.perf_counter() - t0}
-    if is_primary():
-        from jaxrl_hier.io import atomic_write_json
-
-        atomic_write_json(done, info)
+    seal_stage(stage, info)
     cut = f"; {total_truncated} targets cut to max_new_tokens={config.max_new_tokens}" if total_truncated else ""
     log(f"SFT done: {config.steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
     return lm, info

@@ -10,6 +10,8 @@
     compile_cache.py  use_compilation_cache: XLA's persistent compilation cache in RUN/xla_cache, so a
                    resumed run loads its programs rather than compiling them again
     resumable.py   ResumableRun: checkpoints and metrics.jsonl kept in step, the loop skeleton of a run
+    stage.py       stage_summary, seal_stage, run_params_stage: stages of a run sealed by a DONE file
+                   (SFT warm-starts, PGTS's reward model, verifier and imitation)
 
 Importing this package is cheap (no jax, no Orbax), so a CLI can check its input and exit 2 first.
 """
@@ -20,7 +22,9 @@ from jaxrl_hier.runs.directory import (RUN_FILES, RunConfigFile, check_resume_ch
 from jaxrl_hier.runs.process import from_primary, init_distributed, is_primary, sync_processes
 from jaxrl_hier.runs.progress import log, progress_bar
 from jaxrl_hier.runs.resumable import ResumableRun
+from jaxrl_hier.runs.stage import run_params_stage, seal_stage, stage_summary
 
 __all__ = ["RUN_FILES", "ResumableRun", "RunConfigFile", "check_resume_changes", "from_primary", "init_distributed",
            "is_primary", "load_saved_config", "log", "progress_bar", "refuse_existing_run", "resolve_output_dir",
-           "save_run_config", "sync_processes", "use_compilation_cache"]
+           "run_params_stage", "save_run_config", "seal_stage", "stage_summary", "sync_processes",
+           "use_compilation_cache"]

@@ -27,12 +27,12 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
-                             use_compilation_cache)
+                             progress_bar, refuse_existing_run, resolve_output_dir, run_params_stage, seal_stage,
+                             stage_summary, sync_processes, use_compilation_cache)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 
@@ -147,7 +147,6 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     its params, summary); a finished stage is loaded."""
     import dataclasses
 
-    from jaxrl_hier.io import atomic_write_json
     from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
     from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
     from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
@@ -159,8 +158,8 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     model, sft_info = run_sft_stage(sft_cfg.sft_stage(), args or argparse.Namespace(no_progress=True), stage, model, tokenizer,
                                     task, mesh)
     verifier = LikelihoodVerifier(model)
-    if (stage / "DONE").is_file():
-        info = json.loads((stage / "DONE").read_text())
+    info = stage_summary(stage)
+    if info is not None:
         log(f"reward model stage already complete ({stage}): likelihood verifier, held-out AUC {info['eval']['auc']:.3f}")
         return verifier, model.params, info
     t0 = time.perf_counter()
@@ -168,36 +167,10 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     ev = evaluate_reward_model(verifier, model.params, test_data)
     info = {"kind": "likelihood", "verifier_sft": sft_info, "held_out": test_info, "eval": ev,
             "time_s": time.perf_counter() - t0}
-    if is_primary():
-        atomic_write_json(stage / "DONE", info)
+    seal_stage(stage, info)
     log(f"likelihood verifier (greedy accuracy as a generator {sft_info.get('eval_accuracy')}): held-out accuracy "
         f"{ev['accuracy']:.3f}, AUC {ev['auc']:.3f} (complete paths {ev['final_auc']:.3f})")
     return verifier, model.params, info
-
-
-def run_params_stage(stage: Path, target: Any, meta: dict, step: int,
-                     train: Callable[[Any], tuple[Any, dict]]) -> tuple[Any, dict, bool]:
-    """A stage whose product is one parameter tree: stage/checkpoints holds it and stage/DONE (written
-    last) its summary. A finished stage is restored into `target`'s structure; otherwise
-    `train(target) -> (params, summary)` runs and its params are saved as checkpoint `step`, a
-    checkpoint of a run killed before DONE being replaced. Returns (params, summary, was finished)."""
-    from jaxrl_hier.checkpointing import Checkpointer
-    from jaxrl_hier.io import atomic_write_json
-
-    ckpt = Checkpointer(stage / "checkpoints", keep=1)
-    try:
-        if (stage / "DONE").is_file():
-            params, _ = ckpt.restore(ckpt.latest_step(), target, expect=meta)
-            return params, json.loads((stage / "DONE").read_text()), True
-        params, info = train(target)
-        ckpt.delete_newer_than(None)
-        ckpt.save(step, params, meta)
-        ckpt.wait()
-        if is_primary():
-            atomic_write_json(stage / "DONE", info)
-        return params, info, False
-    finally:
-        ckpt.close()
 
 
 def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, task: Any,
