@@ -39,16 +39,9 @@ GRPO_RESUME_SAFE_KEYS = ("log_every", "sample_log_count", "eval_every", "eval_pr
 
 def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
-    from jaxrl_hier.tasks import make_task
+    from jaxrl_hier.tasks import task_from_config
 
-    kwargs: dict[str, Any] = {}
-    if config.task == "arithmetic":
-        kwargs = dict(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
-                      worked=config.task_worked)
-    elif config.task == "gsm8k":
-        kwargs = dict(path=config.task_path)
-    task = make_task(config.task, **kwargs)
-    return task, policy_tokenizer(config.model_path, "GRPO")
+    return task_from_config(config), policy_tokenizer(config.model_path, "GRPO")
 
 
 def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:

@@ -456,17 +456,12 @@ def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> 
 
 def make_env(config: GuidedConfig) -> Any:
     """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
-    from jaxrl_hier.tasks import make_task
+    from jaxrl_hier.tasks import task_from_config
     from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwoTurnEnv
 
     if config.env == "guess_number":
         return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
-    kwargs: dict[str, Any] = {}
-    if config.task == "arithmetic":
-        kwargs = dict(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps)
-    elif config.task == "gsm8k":
-        kwargs = dict(path=config.task_path)
-    return TwoTurnEnv(make_task(config.task, **kwargs), wrong_fraction=config.hint_wrong_fraction,
+    return TwoTurnEnv(task_from_config(config), wrong_fraction=config.hint_wrong_fraction,
                       max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
 
 

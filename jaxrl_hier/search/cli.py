@@ -38,11 +38,9 @@ from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
 def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
     from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
-    from jaxrl_hier.tasks import ArithmeticTask
+    from jaxrl_hier.tasks import task_from_config
 
-    task = ArithmeticTask(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
-                          worked=True)
-    return task, policy_tokenizer(config.model_path, "PGTS")
+    return task_from_config(config, worked=True), policy_tokenizer(config.model_path, "PGTS")
 
 
 def load_finished_run(run_dir: Path) -> tuple[PGTSConfig, Any, Any, Any]:

@@ -315,3 +315,17 @@ def make_task(name: str, **kwargs: Any) -> Task:
         raise ConfigError(f"task '{name}' needs {', '.join(k + '=...' for k in missing)} "
                           f"(for gsm8k: a JSONL file of question/answer lines).")
     return cls(**kwargs)
+
+
+def task_from_config(config: Any, *, worked: bool | None = None) -> Task:
+    """The task a run config names through its `task*` keys (GRPO, the guided agent, PGTS): `task`,
+    and for arithmetic `task_operators`, `task_digits`, `task_steps` and `task_worked` (or `worked`,
+    for a pipeline that always needs worked solutions), for gsm8k `task_path`."""
+    name = config.task
+    kwargs: dict[str, Any] = {}
+    if name == "arithmetic":
+        kwargs = dict(operators=config.task_operators, digits=config.task_digits, steps=config.task_steps,
+                      worked=getattr(config, "task_worked", False) if worked is None else worked)
+    elif name == "gsm8k":
+        kwargs = dict(path=config.task_path)
+    return make_task(name, **kwargs)

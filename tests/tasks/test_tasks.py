@@ -304,3 +304,19 @@ def test_length_penalty_shape():
         length_penalty(4, buffer=5)
     with pytest.raises(ConfigError, match="max_len"):
         length_penalty(0)
+
+
+def test_task_from_config_reads_each_family_s_keys():
+    from jaxrl_hier.llm_rl.config import GRPOConfig
+    from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+    from jaxrl_hier.search.config import PGTSConfig
+    from jaxrl_hier.tasks import task_from_config
+
+    grpo = task_from_config(GRPOConfig(task_operators="*", task_digits=3, task_steps=2, task_worked=True))
+    assert (grpo.operators, grpo.digits, grpo.steps, grpo.worked) == ("*", 3, 2, True)
+    guided = task_from_config(GuidedConfig(task_digits=2))  # no task_worked key: plain answers
+    assert (guided.digits, guided.steps, guided.worked) == (2, 2, False)
+    assert task_from_config(PGTSConfig(task_steps=4), worked=True).worked  # PGTS always needs the steps
+    assert isinstance(task_from_config(GRPOConfig(task="countdown")), CountdownTask)
+    with pytest.raises(ConfigError, match="path must be a file path"):  # GRPOConfig.validate says it first
+        task_from_config(GRPOConfig(task="gsm8k"))
