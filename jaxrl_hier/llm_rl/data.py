@@ -13,7 +13,7 @@ compiled program serves every batch.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -120,5 +120,17 @@ def encode_completions(tokenizer: Any, completions: Sequence[str], max_new_token
     return ids, mask, truncated
 
 
-__all__ = ["CHECK_SAMPLE", "PromptBatch", "special_ids", "input_pool", "evaluation_problems", "refuse_longer", "prompt_lengths",
+def fixed_batches(batch_size: int, *arrays: Any) -> Iterator[tuple[int, int, tuple[np.ndarray, ...]]]:
+    """Rows of `arrays` in batches of exactly `batch_size`, so a compiled function over them has one
+    shape: yields (start, real rows, the batch's arrays), the last batch filled by repeating its first
+    row. Keep the first `real` rows of what the function returns."""
+    for start in range(0, len(arrays[0]), batch_size):
+        part = tuple(np.asarray(x[start:start + batch_size]) for x in arrays)
+        fill = batch_size - len(part[0])
+        if fill:
+            part = tuple(np.concatenate([x, np.repeat(x[:1], fill, axis=0)]) for x in part)
+        yield start, batch_size - fill, part
+
+
+__all__ = ["CHECK_SAMPLE", "PromptBatch", "fixed_batches", "special_ids", "input_pool", "evaluation_problems", "refuse_longer", "prompt_lengths",
            "completion_lengths", "encode_prompts", "encode_completions"]

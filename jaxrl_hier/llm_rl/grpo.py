@@ -41,7 +41,7 @@ from jaxrl_hier.llm.jit_cache import JitCache
 from jaxrl_hier.llm.lora import Lora
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.config import ROUND_STRIDE, GRPOConfig
-from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.llm_rl.data import encode_prompts, fixed_batches, special_ids
 from jaxrl_hier.llm_rl.microbatch import accumulate_gradients, split_rows
 from jaxrl_hier.llm_rl.model_setup import commit_to_mesh, jit_keeping_layout
 from jaxrl_hier.llm_rl.rewards import RewardSpec, make_reward_spec
@@ -460,12 +460,12 @@ def evaluate_policy(lm: Any, params: Any, lora: Lora | None, tokenizer: Any, tas
     fn = _greedy_fn(lm, max_new_tokens, eos, pad, tuple(suppress_tokens))  # sample_tokens checks the ids
     correct = formed = 0
     texts: list[str] = []
-    for start in range(0, len(problems), batch_size):
-        chunk = list(problems[start:start + batch_size])
-        fill = batch_size - len(chunk)
-        enc = encode_prompts(tokenizer, [p.prompt for p in chunk + [chunk[0]] * fill], max_prompt_length)
-        out = fn(params, lora, jnp.asarray(enc.ids), jnp.asarray(enc.mask))
-        done = decode_completions(tokenizer, out.tokens, out.mask)[:len(chunk)]
+    prompts = [p.prompt for p in problems]
+    batches = fixed_batches(batch_size, *encode_prompts(tokenizer, prompts, max_prompt_length)) if prompts else ()
+    for start, n, (ids, mask) in batches:
+        chunk = list(problems[start:start + n])
+        out = fn(params, lora, jnp.asarray(ids), jnp.asarray(mask))
+        done = decode_completions(tokenizer, out.tokens, out.mask)[:n]
         texts.extend(done)
         correct += sum(task.is_correct(p, t) for p, t in zip(chunk, done))
         formed += sum(task.is_well_formed(p, t) for p, t in zip(chunk, done))

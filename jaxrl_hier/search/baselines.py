@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.llm.sampling import generate
-from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+from jaxrl_hier.llm_rl.data import encode_prompts, fixed_batches, special_ids
 from jaxrl_hier.tasks import extract_answer
 from jaxrl_hier.tasks.answers import canonical_number
 from jaxrl_hier.tasks.jax_rewards import decode_completions
@@ -37,14 +37,10 @@ def _batched_generate(lm, params, tokenizer, prompts: Sequence[str], *, prompt_l
     pad, _, eos = special_ids(tokenizer)
     enc = encode_prompts(tokenizer, prompts, prompt_length)
     texts, lengths, ids = [], [], []
-    for start in range(0, len(prompts), batch_size):
-        a, m = enc.ids[start:start + batch_size], enc.mask[start:start + batch_size]
-        fill = batch_size - len(a)
-        if fill:
-            a, m = np.concatenate([a, a[:1].repeat(fill, 0)]), np.concatenate([m, m[:1].repeat(fill, 0)])
+    for start, n, (a, m) in fixed_batches(batch_size, enc.ids, enc.mask):
         out = generate(lm, params, a, m, key=jax.random.fold_in(key, start), max_new_tokens=max_new_tokens,
                        temperature=temperature, eos_token_id=eos, pad_token_id=pad, min_bucket=prompt_length)
-        tok, msk = np.asarray(out.tokens)[:len(a) - fill], np.asarray(out.mask)[:len(a) - fill]
+        tok, msk = np.asarray(out.tokens)[:n], np.asarray(out.mask)[:n]
         texts += decode_completions(tokenizer, tok, msk)
         lengths += msk.sum(-1).tolist()
         ids += [row[mm > 0].tolist() for row, mm in zip(tok, msk)]

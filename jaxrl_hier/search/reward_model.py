@@ -150,7 +150,7 @@ def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: 
     if labels == "steps" and not hasattr(task, "steps_correct"):
         raise ConfigError(f"reward model labels 'steps' need a task with steps_correct(); {task.name} has none.")
     from jaxrl_hier.llm.sampling import generate
-    from jaxrl_hier.llm_rl.data import encode_prompts, special_ids
+    from jaxrl_hier.llm_rl.data import encode_prompts, fixed_batches, special_ids
     from jaxrl_hier.tasks.jax_rewards import decode_completions
 
     if samples < 1:
@@ -160,15 +160,11 @@ def sample_path_data(lm: Any, params: Any, tokenizer: Any, task: Any, problems: 
     flat = [p for p in problems for _ in range(samples)]
     enc = encode_prompts(tokenizer, [p.prompt for p in flat], prompt_length)
     completions, finals, prefix_labels = [], [], []
-    for start in range(0, len(flat), batch_size):
-        chunk = slice(start, start + batch_size)
-        ids, mask = enc.ids[chunk], enc.mask[chunk]
-        fill = batch_size - len(ids)  # one static batch shape
-        if fill:
-            ids, mask = np.concatenate([ids, ids[:1].repeat(fill, 0)]), np.concatenate([mask, mask[:1].repeat(fill, 0)])
+    for start, n, (ids, mask) in fixed_batches(batch_size, enc.ids, enc.mask):
+        chunk = slice(start, start + n)
         out = generate(lm, params, ids, mask, key=jax.random.fold_in(key, start), max_new_tokens=max_depth * step_tokens,
                        temperature=temperature, eos_token_id=eos, pad_token_id=pad, min_bucket=prompt_length)
-        tokens, tmask = np.asarray(out.tokens)[:batch_size - fill], np.asarray(out.mask)[:batch_size - fill]
+        tokens, tmask = np.asarray(out.tokens)[:n], np.asarray(out.mask)[:n]
         texts = decode_completions(tokenizer, tokens, tmask)
         for p, row, m, text in zip(flat[chunk], tokens, tmask, texts):
             completions.append(row[m > 0].tolist())
@@ -244,14 +240,12 @@ def score_paths(rm: Any, params: Any, ids: np.ndarray, mask: np.ndarray, prompt_
                 batch_size: int = 512) -> np.ndarray:
     """Scores [M] of many left-padded paths (either kind of reward model), in fixed-size batches
     (one compiled shape)."""
+    from jaxrl_hier.llm_rl.data import fixed_batches
+
     fn = _score_fn(rm)
     out = []
-    for start in range(0, len(ids), batch_size):
-        a, m, p = (x[start:start + batch_size] for x in (ids, mask, prompt_tokens))
-        fill = batch_size - len(a)
-        if fill:
-            a, m, p = (np.concatenate([x, x[:1].repeat(fill, 0)]) for x in (a, m, p))
-        out.append(np.asarray(fn(params, jnp.asarray(a), jnp.asarray(m), jnp.asarray(p)))[:batch_size - fill])
+    for _, n, (a, m, p) in fixed_batches(batch_size, ids, mask, prompt_tokens):
+        out.append(np.asarray(fn(params, jnp.asarray(a), jnp.asarray(m), jnp.asarray(p)))[:n])
     return np.concatenate(out) if out else np.zeros(0, np.float32)
 
 

@@ -26,3 +26,16 @@ def test_accumulated_gradient_equals_the_whole_batch_and_none_leaves_pass():
     assert float(aux["rows"]) == 8.0 and float(aux["loss"]) == pytest.approx(float(whole_loss), rel=1e-5)
     with pytest.raises(ValueError, match="do not split into 3"):
         split_rows((x, w), 3)
+
+
+def test_fixed_batches_pad_the_last_batch_with_its_first_row():
+    from jaxrl_hier.llm_rl.data import fixed_batches
+
+    ids, mask = np.arange(14).reshape(7, 2), np.arange(7)
+    got = list(fixed_batches(3, ids, mask))
+    assert [(start, n) for start, n, _ in got] == [(0, 3), (3, 3), (6, 1)]
+    assert all(a.shape == (3, 2) and m.shape == (3,) for _, _, (a, m) in got)  # one shape for every call
+    np.testing.assert_array_equal(got[2][2][0], [[12, 13]] * 3)
+    np.testing.assert_array_equal(got[2][2][1], [6, 6, 6])
+    np.testing.assert_array_equal(np.concatenate([a[:n] for _, n, (a, _) in got]), ids)  # real rows, in order
+    assert list(fixed_batches(4, np.zeros((0, 2)))) == []
