@@ -188,7 +188,7 @@ def write_outputs(records: list[dict], out: Path, title: str) -> None:
     lines.append(f"{title}; device {info.get('device')}, jax {info.get('jax')}, {info.get('cpu_count')} CPU cores.")
     atomic_write_text(out / "fps.md", "\n".join(lines) + "\n")
 
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

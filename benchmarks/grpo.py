@@ -606,7 +606,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 

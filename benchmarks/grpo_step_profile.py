@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hier.llm_rl.config import GRPOConfig
     from jaxrl_hier.llm_rl.grpo import make_train
     from jaxrl_hier.llm_rl.model_setup import build_lora
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
     from jaxrl_hier.tasks import Problem
 
     busy = cpu_busy_fraction(1.0)

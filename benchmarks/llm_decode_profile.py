@@ -110,7 +110,7 @@ def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tok
 
 
 def plot_layouts(records: dict, path: Path, title: str) -> None:
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

@@ -45,7 +45,7 @@ from jaxrl_hier.bench import device_info
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.llm import memory, memory_case
 from jaxrl_hier.llm.model_config import ModelConfig
-from jaxrl_hier.logging.metrics import save_figure
+from jaxrl_hier.logging.plots import save_figure
 
 ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -115,7 +115,7 @@ def plan_rows(p: memory.MemoryPlan) -> dict[str, Any]:
 
 
 def plot(records: list[dict[str, Any]], path: Path) -> None:
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

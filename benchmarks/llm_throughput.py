@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 

@@ -66,7 +66,7 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
 def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.ticker
 
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

@@ -34,7 +34,7 @@ import jax
 from jaxrl_hier.bench import device_info, time_compiled
 from jaxrl_hier.config import ConfigError, load_config, parse_overrides, read_yaml
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
-from jaxrl_hier.logging.metrics import pyplot, save_figure
+from jaxrl_hier.logging.plots import pyplot, save_figure
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.trainer import SkillTrainer

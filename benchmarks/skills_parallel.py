@@ -94,7 +94,7 @@ def run_k(args, k: int) -> dict:
 
 
 def plot(records: list[dict], path: Path, title: str) -> None:
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

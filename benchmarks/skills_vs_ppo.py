@@ -41,7 +41,8 @@ import yaml
 from jaxrl_hier.bench import device_info
 from jaxrl_hier.config import build_dataclass, load_config
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
-from jaxrl_hier.logging.metrics import read_jsonl, save_figure
+from jaxrl_hier.logging.metrics import read_jsonl
+from jaxrl_hier.logging.plots import save_figure
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_run, play_episodes,
                                         summarize)
@@ -261,7 +262,7 @@ def table(results: dict, names) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
 

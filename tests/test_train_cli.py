@@ -276,7 +276,7 @@ def test_no_library_module_or_other_family_imports_a_cli():
 
 
 def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):
-    """The learning curves and PGTS's accuracy-vs-tokens plot go through logging.metrics.save_figure:
+    """The learning curves and PGTS's accuracy-vs-tokens plot go through logging.plots.save_figure:
     a whole PNG or nothing at the path, and no figure left open across a long run's plots."""
     import matplotlib.pyplot as plt
 
@@ -299,12 +299,32 @@ def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plots)  # no temporary file left beside them
 
 
+def test_plot_curves_draws_each_series_where_its_records_hold_it(monkeypatch, tmp_path):
+    """Panels of series: an evaluation key logged every other step is drawn at those steps only, a key
+    no record holds draws nothing (and no legend entry), and each panel gets its own axes."""
+    from jaxrl_hier.logging import plots
+
+    figures = []
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi: figures.append(fig))
+    rows = [{"step": s, "reward": float(s), **({"eval/accuracy": s / 10} if s % 2 == 0 else {})} for s in range(5)]
+    plots.plot_curves(rows, tmp_path / "c.png", x="step", panels=[
+        plots.Panel("step", (plots.Series("reward", "reward"), plots.Series("missing", "never logged"))),
+        plots.Panel("step", (plots.Series("eval/accuracy", "eval", style="o-"),), "accuracy")])
+    (fig,) = figures
+    left, right = fig.axes
+    assert [line.get_label() for line in left.lines] == ["reward"]
+    assert list(left.lines[0].get_xdata()) == [0, 1, 2, 3, 4]
+    assert list(right.lines[0].get_xdata()) == [0, 2, 4] and list(right.lines[0].get_ydata()) == [0.0, 0.2, 0.4]
+    assert right.get_ylabel() == "accuracy" and [t.get_text() for t in left.get_legend().get_texts()] == ["reward"]
+    plots.pyplot().close(fig)
+
+
 def test_pyplot_helper_selects_agg_and_jaxrl_hier_imports_no_matplotlib():
-    """Every plot gets pyplot from logging.metrics.pyplot (Agg, no display needed); matplotlib is imported
+    """Every plot gets pyplot from logging.plots.pyplot (Agg, no display needed); matplotlib is imported
     only when a plot is drawn, never by importing the package (a fresh process shows it)."""
     import matplotlib
 
-    from jaxrl_hier.logging.metrics import pyplot
+    from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
     assert plt is sys.modules["matplotlib.pyplot"]
@@ -315,11 +335,11 @@ def test_pyplot_helper_selects_agg_and_jaxrl_hier_imports_no_matplotlib():
 
 
 def test_only_the_pyplot_helper_sets_up_matplotlib():
-    """One copy of the matplotlib set-up: no module of the package or its benchmarks but logging/metrics.py
-    calls matplotlib.use or imports pyplot itself; they call jaxrl_hier.logging.metrics.pyplot()."""
+    """One copy of the matplotlib set-up: no module of the package or its benchmarks but logging/plots.py
+    calls matplotlib.use or imports pyplot itself; they call jaxrl_hier.logging.plots.pyplot()."""
     import ast
 
-    helper = ROOT / "jaxrl_hier" / "logging" / "metrics.py"
+    helper = ROOT / "jaxrl_hier" / "logging" / "plots.py"
     found = []
     for path in sorted([*(ROOT / "jaxrl_hier").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py")]):
         if path == helper:

@@ -88,23 +88,11 @@ def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config
 
 def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
     """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
-    plt = pyplot()
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in records]
-    for key, label in (("reward", "mean reward"), ("accuracy", "train accuracy (sampled)")):
-        ax.plot(steps, [r.get(key) for r in records], label=label, alpha=0.8)
-    ev = [(r["step"], r["eval/accuracy"]) for r in records if r.get("eval/accuracy") is not None]
-    if ev:
-        ax.plot(*zip(*ev), "o-", label="held-out accuracy (greedy)", color="black")
-    ax.set_xlabel("GRPO step")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    save_figure(fig, path)
+    plot_curves(records, path, x="step", panels=[Panel("GRPO step", (
+        Series("reward", "mean reward", alpha=0.8), Series("accuracy", "train accuracy (sampled)", alpha=0.8),
+        Series("eval/accuracy", "held-out accuracy (greedy)", style="o-", color="black")), title=title)])
 
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:

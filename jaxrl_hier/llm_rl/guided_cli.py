@@ -82,27 +82,16 @@ def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
     """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game
     (greedy over the evaluation secrets, which come from the range training uses: `GuessNumberEnv`)."""
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
-
-    plt = pyplot()
+    from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
     evaluated = "held-out" if env == "two_turn" else "every secret"
-    fig, ax = plt.subplots(figsize=(7, 4))
+    series = []
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
-        train = [(r["step"], r[f"train/{key}"]) for r in records if r.get(f"train/{key}") is not None]
-        ev = [(r["step"], r[f"eval/{key}"]) for r in records if r.get(f"eval/{key}") is not None]
-        if train:
-            ax.plot(*zip(*train), color=color, alpha=0.35, label=f"{label} (sampled, train)")
-        if ev:
-            ax.plot(*zip(*ev), "o-", color=color, label=f"{label} (greedy, {evaluated})")
-    ax.set_xlabel("iteration")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
+        series += [Series(f"train/{key}", f"{label} (sampled, train)", color=color, alpha=0.35),
+                   Series(f"eval/{key}", f"{label} (greedy, {evaluated})", style="o-", color=color)]
+    plot_curves(records, path, x="step", legend_fontsize=8, panels=[Panel("iteration", tuple(series), title=title)])
 
 
 def run_guided(args: argparse.Namespace, raw_config: dict) -> int:

@@ -1,4 +1,4 @@
-"""metrics.jsonl, TensorBoard and W&B sinks, and the learning-curve plot.
+"""metrics.jsonl, TensorBoard and W&B sinks (plots: `logging.plots`).
 
 `metrics.jsonl` gets one JSON object per logged update, flushed and fsynced line by line (and
 the directory fsynced when the file is created). On resume it is cut back to the records at or
@@ -13,9 +13,9 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from jaxrl_hier.io import atomic_write_text, atomic_writer, fsync_dir
+from jaxrl_hier.io import atomic_write_text, fsync_dir
 
 
 def _clean(value: Any) -> Any:
@@ -102,44 +102,3 @@ class MetricsWriter:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
-
-
-def pyplot():
-    """`matplotlib.pyplot` with the non-interactive Agg backend selected: every plot of the package and
-    its benchmarks starts here. Imported on call, so importing jaxrl_hier never imports matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_learning_curve(records: Iterable[dict], path: str | Path, title: str = "") -> None:
-    """Episode return (and length) against env steps, as a PNG."""
-    plt = pyplot()
-
-    pts = [(r["env_steps"], r["episode_return"], r.get("episode_length")) for r in records
-           if r.get("episode_return") is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-    if pts:
-        steps, returns, lengths = zip(*pts)
-        axes[0].plot(steps, returns)
-        axes[1].plot(steps, [x if x is not None else math.nan for x in lengths])
-    axes[0].set(xlabel="env steps", ylabel="mean episode return", title=title)
-    axes[1].set(xlabel="env steps", ylabel="mean episode length")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=100)
-
-
-def save_figure(fig, path: str | Path, dpi: int = 110) -> None:
-    """Write a matplotlib figure as a PNG through one atomic write, and close it."""
-    import matplotlib.pyplot as plt
-
-    try:
-        with atomic_writer(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=dpi)
-    finally:
-        plt.close(fig)

@@ -229,27 +229,14 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
 
 def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    """PPO's episode return, and train (sampled) and held-out (greedy) accuracy, against the update."""
+    from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
-    plt = pyplot()
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    pts = [(r["update"], r.get("episode_return"), r.get("achievement/correct")) for r in records
-           if r.get("episode_return") is not None]
-    if pts:
-        u, ret, acc = zip(*pts)
-        axes[0].plot(u, ret, label="episode return")
-        axes[1].plot(u, acc, label="train accuracy (sampled policy)", alpha=0.8)
-    ev = [(r["update"], r["eval/accuracy"]) for r in records if r.get("eval/accuracy") is not None]
-    if ev:
-        axes[1].plot(*zip(*ev), "o-", color="black", label="held-out accuracy (greedy policy)")
-    axes[0].set(xlabel="PPO update", ylabel="return", title=title)
-    axes[1].set(xlabel="PPO update", ylabel="accuracy")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    save_figure(fig, path)
+    plot_curves(records, path, x="update", size=(10, 3.8), panels=[
+        Panel("PPO update", (Series("episode_return", "episode return"),), "return", title),
+        Panel("PPO update", (Series("achievement/correct", "train accuracy (sampled policy)", alpha=0.8),
+                             Series("eval/accuracy", "held-out accuracy (greedy policy)", style="o-",
+                                    color="black")), "accuracy")])
 
 
 def results_table(rows: list[dict]) -> str:
@@ -263,7 +250,7 @@ def results_table(rows: list[dict]) -> str:
 
 
 def plot_accuracy_vs_tokens(rows: list[dict], path: Path, title: str) -> None:
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 

@@ -221,7 +221,7 @@ def summarize(stats: EpisodeStats, achievement_names: Sequence[str], achievement
 
 def plot_achievements(report: dict, path: Path, title: str) -> None:
     """Per-achievement success rates of each mode, as horizontal bars."""
-    from jaxrl_hier.logging.metrics import pyplot, save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 
