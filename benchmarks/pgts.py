@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     mesh = build_mesh(sft_cfg)
     lm, tokenizer = build_policy(sft_cfg, tokenizer, mesh=mesh)
     ns = argparse.Namespace(no_progress=True, resume=True, output_dir=run_dir)
-    if config.sft_steps:
-        lm, _ = run_sft_stage(sft_cfg, ns, run_dir, lm, tokenizer, task, mesh)
+    if config.sft.steps:
+        lm, _ = run_sft_stage(sft_cfg.sft_stage(), ns, run_dir, lm, tokenizer, task, mesh)
     rm, rm_params, rm_info = cli.run_reward_model_stage(config, run_dir, lm, tokenizer, task)
     test = evaluation_problems(task, config.eval_problems, config.seed)  # the run's own evaluation set
     if args.unroll_decode != "auto":  # how the generator's decode loop runs the layers (ModelConfig.unroll_decode)

@@ -44,11 +44,11 @@ PPO = ["-m", "jaxrl_hier.train", "--config", "configs/ppo_techtree.yaml", "--no-
 GRPO = ["-m", "jaxrl_hier.train", "--config", "configs/grpo_arithmetic.yaml", "--no-progress", "sft_steps=1",
         "sft_warmup_steps=0", "total_steps=1", "prompts_per_step=2", "num_generations=2", "eval_every=0",
         "eval_problems=8", "checkpoint_every=0", "model_hidden_size=32", "model_intermediate_size=64"]
-PGTS = ["-m", "jaxrl_hier.train", "--config", "configs/pgts_arithmetic.yaml", "--no-progress", "sft_steps=1",
-        "sft_warmup_steps=0", "rm_sft_steps=1", "rm_steps=1", "rm_problems=8", "rm_samples=1",
+PGTS = ["-m", "jaxrl_hier.train", "--config", "configs/pgts_arithmetic.yaml", "--no-progress", "sft.steps=1",
+        "sft.warmup_steps=0", "rm_sft_steps=1", "rm_steps=1", "rm_problems=8", "rm_samples=1",
         "rm_eval_problems=8", "imitation_steps=1", "imitation_problems=8", "imitation_batch_size=8",
-        "train_problems=16", "num_envs=4", "num_steps=4", "num_minibatches=1", "update_epochs=1",
-        "total_timesteps=16", "eval_problems=4", "eval_every=0", "sc_samples=[2]", "mcts_simulations=2",
+        "train_problems=16", "ppo.num_envs=4", "ppo.num_steps=4", "ppo.num_minibatches=1", "ppo.update_epochs=1",
+        "ppo.total_timesteps=16", "eval_problems=4", "eval_every=0", "sc_samples=[2]", "mcts_simulations=2",
         "checkpoint_every=0"]
 # The frame of the report's stack dump alone, as the trainer ran it before the fix: a fresh process
 # (a heartbeat-like thread beside it) builds the zero rows of a frozen-expert bank from eager ops,

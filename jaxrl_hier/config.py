@@ -114,19 +114,71 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _nest_dotted(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"ppo.lr": 1e-3}` (an override of one key of a nested section) as `{"ppo": {"lr": 1e-3}}`,
+    merged into a `ppo:` mapping given beside it (the dotted key, an override, wins)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        head, dot, rest = key.partition(".")
+        if not dot:
+            if isinstance(out.get(key), dict) and isinstance(value, Mapping):
+                out[key] = {**value, **out[key]}
+            else:
+                out[key] = value
+            continue
+        section = out.get(head)
+        if section is None:
+            section = out[head] = {}
+        elif not isinstance(section, dict):
+            section = out[head] = dict(section) if isinstance(section, Mapping) else section
+        if not isinstance(section, dict):
+            raise ConfigError(f"'{key}' sets a key of section '{head}', but '{head}' is {section!r}, not a section.")
+        section[rest] = value
+    return out
+
+
+def _section(cls: type, name: str, base: Any, value: Any, source: str) -> Any:
+    """A nested config section: its keys in `value` over the field's default `base` (so a section in
+    YAML gives only what it changes), built and validated as a config of its own."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"'{name}' is a section of keys ({cls.__name__}): write it as a mapping, e.g. "
+                          f"{name}: {{key: value}}, or override one key as {name}.KEY=VALUE; got {value!r}.")
+    try:
+        return build_dataclass(cls, {**to_dict(base), **value}, source=f"{source}, section '{name}'")
+    except ConfigError as err:  # the section's own checks name its keys without the section
+        raise (err if f"section '{name}'" in str(err) else ConfigError(f"section '{name}': {err}")) from None
+
+
 def build_dataclass(cls: type[T], values: Mapping[str, Any], *, source: str = "config") -> T:
     """Build a frozen dataclass from a mapping, rejecting unknown keys (with a suggestion) and
-    checking types; then run the class's own `validate()` if it has one."""
+    checking types; then run the class's own `validate()` if it has one.
+
+    A field typed as a config dataclass is a nested section (`ppo:` with PPOConfig's keys), given as a
+    mapping over the field's default, or key by key with dotted names (`ppo.lr=1e-3`). A class may map
+    keys it no longer has to their new home in `MOVED_KEYS` ({"sft_steps": "sft.steps"}), so an old
+    config gets a message naming the new key."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})
     kwargs: dict[str, Any] = {}
-    for key, value in values.items():
+    for key, value in _nest_dotted(values).items():
+        if key in moved:
+            raise ConfigError(f"config key '{key}' in {source} is now '{moved[key]}': write it as "
+                              f"{moved[key]}=VALUE, or under the '{moved[key].split('.')[0]}:' section in YAML.")
         if key not in fields:
             raise ConfigError(
                 f"unknown config key '{key}' in {source}.{closest(key, list(fields))} "
                 f"Known keys: {', '.join(sorted(fields))}."
             )
-        kwargs[key] = _coerce(key, value, hints[key])
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            f = fields[key]
+            base = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            kwargs[key] = _section(hint, key, base, value, source)
+        else:
+            kwargs[key] = _coerce(key, value, hint)
     try:
         obj = cls(**kwargs)
     except TypeError as err:  # a required field without a default
@@ -152,10 +204,12 @@ def load_config(
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """A plain dict of a config dataclass, with tuples turned into lists for YAML."""
+    """A plain dict of a config dataclass (nested sections as dicts), with tuples turned into lists for YAML."""
     out = {}
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
         out[f.name] = list(value) if isinstance(value, tuple) else value
     return out
 

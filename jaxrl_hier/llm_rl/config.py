@@ -30,6 +30,33 @@ ROUND_STRIDE = 97
 
 
 @dataclass(frozen=True)
+class SFTSection:
+    """The `sft:` section of a config that nests its warm-start (PGTS, the guided agent): the settings
+    the user chooses; the stage's other inputs (lengths, seed, logging) come from the run's config."""
+
+    steps: int = 300  # 0: no warm-start
+    batch_size: int = 64
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    checkpoint_every: int = 100
+
+    def validate(self) -> None:
+        for name in ("steps", "warmup_steps", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value < 0:
+                raise ConfigError(f"'{name}' must be an integer >= 0, got {value!r}.")
+        if self.batch_size < 1:
+            raise ConfigError(f"'batch_size' must be a positive integer, got {self.batch_size!r}.")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"'learning_rate' must be > 0, got {self.learning_rate}.")
+
+
+#: the flat keys the nested `sft:` section replaced, for the message an old config gets
+SFT_MOVED_KEYS = {f"sft_{k}": f"sft.{k}" for k in ("steps", "batch_size", "learning_rate", "warmup_steps",
+                                                   "checkpoint_every")}
+
+
+@dataclass(frozen=True)
 class SFTStageConfig:
     """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else: GRPO
     builds it from its config (`GRPOConfig.sft_stage()`), PGTS through that, the guided agent from
@@ -223,4 +250,4 @@ class GRPOConfig:
             raise ConfigError("reward_correct, reward_format and overlong_penalty must be >= 0.")
 
 
-__all__ = ["GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]
+__all__ = ["SFTSection", "SFT_MOVED_KEYS", "GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]

@@ -6,10 +6,11 @@ One frozen dataclass, loaded from YAML by `jaxrl_hier.config.build_dataclass` an
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm_rl.config import SFT_MOVED_KEYS, SFTSection
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,9 @@ class GuidedConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     guidance_model_path: str | None = None  # a separate (e.g. smaller) guidance model with its own adapter
 
-    # ---- supervised warm-start of the backbone (full fine-tuning on the env's warm-start examples)
-    sft_steps: int = 0
-    sft_batch_size: int = 64
-    sft_learning_rate: float = 3e-3
-    sft_warmup_steps: int = 30
-    sft_checkpoint_every: int = 100
+    # ---- supervised warm-start of the backbone (full fine-tuning on the env's warm-start examples):
+    # the `sft:` section (steps 0: none)
+    sft: SFTSection = field(default_factory=lambda: SFTSection(steps=0))
 
     # ---- critic (ArCHer): "encoder" = its own small RoBERTa, "backbone" = heads on the frozen backbone
     critic: Literal["encoder", "backbone"] = "encoder"
@@ -103,6 +101,9 @@ class GuidedConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
 
+    #: the flat keys the nested `sft:` section replaced (an old config gets a message naming the new key)
+    MOVED_KEYS: ClassVar[dict[str, str]] = SFT_MOVED_KEYS
+
     def validate(self) -> None:
         def at_least(low: int, *names: str) -> None:
             for n in names:
@@ -112,10 +113,10 @@ class GuidedConfig:
 
         at_least(1, "iterations", "episodes_per_iteration", "group_size", "critic_steps", "max_prompt_length", "max_new_tokens",
                  "model_hidden_size", "model_layers", "model_heads", "model_kv_heads", "model_intermediate_size",
-                 "lora_rank", "sft_batch_size", "critic_hidden_size", "critic_layers", "critic_heads",
+                 "lora_rank", "critic_hidden_size", "critic_layers", "critic_heads",
                  "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
                  "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
-        at_least(0, "actor_steps", "actor_micro_batch_size", "warmup_iterations", "sft_steps", "sft_warmup_steps", "sft_checkpoint_every",
+        at_least(0, "actor_steps", "actor_micro_batch_size", "warmup_iterations",
                  "eval_every", "sample_log_count", "checkpoint_every")
         if not 0.0 <= self.hint_wrong_fraction <= 1.0 or self.hint_max_offset < 1:
             raise ConfigError(f"hint_wrong_fraction must be in [0, 1] and hint_max_offset >= 1, got "
@@ -142,7 +143,7 @@ class GuidedConfig:
             raise ConfigError(f"tau (the Polyak step of the target critic) must be in (0, 1], got {self.tau}.")
         if not 0.0 <= self.gamma <= 1.0:
             raise ConfigError(f"gamma must be in [0, 1], got {self.gamma}.")
-        for n in ("learning_rate", "critic_learning_rate", "sft_learning_rate", "temperature", "max_grad_norm"):
+        for n in ("learning_rate", "critic_learning_rate", "temperature", "max_grad_norm"):
             if getattr(self, n) <= 0:
                 raise ConfigError(f"'{n}' must be > 0, got {getattr(self, n)}.")
         if self.beta < 0 or self.clip_eps < 0:

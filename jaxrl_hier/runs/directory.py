@@ -44,13 +44,17 @@ def refuse_existing_run(output_dir: Path) -> None:
                           "continue it, or choose another --output-dir.")
 
 
-def check_resume_changes(saved: Any, config: Any, safe_keys: Sequence[str]) -> None:
-    """Refuse a resume whose config differs from the saved one in a key outside `safe_keys`."""
+def check_resume_changes(saved: Any, config: Any, safe_keys: Sequence[str], prefix: str = "") -> None:
+    """Refuse a resume whose config differs from the saved one in a key outside `safe_keys` (a key of
+    a nested section by its dotted name, e.g. 'ppo.total_timesteps')."""
     for field in dataclasses.fields(config):
+        name = prefix + field.name
         before, after = getattr(saved, field.name), getattr(config, field.name)
-        if before != after and field.name not in safe_keys:
+        if dataclasses.is_dataclass(after) and type(before) is type(after):
+            check_resume_changes(before, after, safe_keys, prefix=name + ".")
+        elif before != after and name not in safe_keys:
             raise ConfigError(
-                f"cannot change '{field.name}' on --resume ({before!r} in the run, {after!r} asked): it changes "
+                f"cannot change '{name}' on --resume ({before!r} in the run, {after!r} asked): it changes "
                 f"what the run learns. Keys a resume may change: {', '.join(safe_keys)}. Start a new run with "
                 "another --output-dir to change it."
             )

@@ -150,7 +150,8 @@ def run_verifier_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: Any, t
     from jaxrl_hier.search.reward_model import LikelihoodVerifier, evaluate_reward_model
 
     stage = out / "reward_model"
-    sft_cfg = dataclasses.replace(config, seed=config.seed + 1, sft_steps=config.rm_sft_steps).sft_config()
+    sft_cfg = dataclasses.replace(config, seed=config.seed + 1,
+                                  sft=dataclasses.replace(config.sft, steps=config.rm_sft_steps)).sft_config()
     mesh = build_mesh(sft_cfg)
     model, _ = build_policy(sft_cfg, tokenizer, mesh=mesh)
     model, sft_info = run_sft_stage(sft_cfg.sft_stage(), args or argparse.Namespace(no_progress=True), stage, model, tokenizer,
@@ -378,7 +379,7 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     t0 = time.perf_counter()
     times: dict[str, float] = {}
     sft_info: dict = {}
-    if config.sft_steps:
+    if config.sft.steps:
         tick = time.perf_counter()
         lm, sft_info = run_sft_stage(sft_cfg.sft_stage(), args, out, lm, tokenizer, task, mesh, config_file)
         times["sft_s"] = time.perf_counter() - tick
@@ -424,14 +425,14 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     ppo_cfg = config.ppo_config()
     from jaxrl_hier.networks.gps import GPSActorCritic
 
-    network = GPSActorCritic(env.num_actions, config.policy_hidden_size, config.policy_layers, "relu",
+    network = GPSActorCritic(env.num_actions, config.ppo.hidden_size, config.ppo.num_layers, config.ppo.activation,
                              prior=config.policy_prior)
     start_params = run_imitation_stage(config, out, env, network, lm, rm_params, tokenizer, task)
     trainer = make_train(ppo_cfg, env=env, env_params=env_params, network=network)
     search = make_search_runner(env, trainer.network, config.max_search_actions)
     net = lambda r: jax.tree.map(lambda x: x[0], {"params": r.train_state.params})  # noqa: E731 (seed 0)
     meta = {"stage": "pgts_ppo", "max_nodes": config.max_nodes, "max_depth": config.max_depth,
-            "num_envs": config.num_envs, "policy_hidden_size": config.policy_hidden_size}
+            "num_envs": config.ppo.num_envs, "policy_hidden_size": config.ppo.hidden_size}
     runner = trainer.init(jax.random.key(config.seed), params=start_params)
     total = config.num_updates
     trees_path = out / "trees.txt"
@@ -509,7 +510,7 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
         t0 = time.perf_counter()
         problems = task.problems("train", config.imitation_problems, config.seed + 3)
         env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, problems)
-        collect = make_demo_collector(env, threshold_rule(env), config.max_search_actions, gamma=config.gamma)
+        collect = make_demo_collector(env, threshold_rule(env), config.max_search_actions, gamma=config.ppo.gamma)
         rule = (jnp.float32(config.imitation_tau), jnp.int32(config.imitation_extra))
         demos = jax.device_get(collect(rule, env_params, jnp.arange(len(problems)), jax.random.key(config.seed + 32)))
         actions = demos.action[demos.valid]
@@ -524,7 +525,7 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
         try:
             params, history = behaviour_cloning(
                 env, network, params, demos, steps=config.imitation_steps, batch_size=config.imitation_batch_size,
-                learning_rate=config.imitation_learning_rate, vf_coef=config.vf_coef, seed=config.seed,
+                learning_rate=config.imitation_learning_rate, vf_coef=config.ppo.vf_coef, seed=config.seed,
                 on_step=lambda i, m: writer.write({"update": i, "step": i, **m})
                 if i % config.log_every == 0 or i == config.imitation_steps else None)
         finally:
@@ -534,7 +535,7 @@ def run_imitation_stage(config: PGTSConfig, out: Path, env: Any, network: Any, l
         return params, {"demos": demo_info, "first": history[0], "final": final, "time_s": time.perf_counter() - t0}
 
     params = network.init(jax.random.key(config.seed + 31), env.reset_to(0)[0])["params"]
-    meta = {"stage": "imitation", "max_nodes": config.max_nodes, "policy_hidden_size": config.policy_hidden_size}
+    meta = {"stage": "imitation", "max_nodes": config.max_nodes, "policy_hidden_size": config.ppo.hidden_size}
     params, info, finished = run_params_stage(stage, params, meta, config.imitation_steps, train)
     final = info["final"]
     if finished:

@@ -1,13 +1,28 @@
 """`PGTSConfig`: one frozen config for the whole PGTS pipeline (generator SFT, reward model, PGTS
-PPO, evaluation against the baselines), validated at load (`validate`) before anything compiles."""
+PPO, evaluation against the baselines), validated at load (`validate`) before anything compiles.
+
+The generator's warm-start and the search policy's PPO are nested sections of their own types:
+`sft:` (`llm_rl.config.SFTSection`) and `ppo:` (`algorithms.ppo_config.PPOConfig`, with PGTS's
+defaults: the `PGTS-v0` env, the `gps` network); in YAML a section gives only the keys it changes,
+on the command line `ppo.lr=1e-3`."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
+from jaxrl_hier.algorithms.ppo_config import PPOConfig
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.llm_rl.config import SFT_MOVED_KEYS, SFTSection
+
+#: PGTS's search policy: PPO on the search env with the tree network (`search.gps`). `env` and
+#: `network` are PGTS's own; seed, logging and checkpoint keys come from the top level (`ppo_config`).
+PGTS_PPO = PPOConfig(env="PGTS-v0", network="gps", activation="relu", total_timesteps=16384, num_envs=32,
+                     num_steps=16, update_epochs=4, num_minibatches=4, lr=3e-4, gamma=1.0, gae_lambda=0.95,
+                     clip_eps=0.2, ent_coef=0.01, vf_coef=0.5, hidden_size=64, num_layers=2, reset_mode="auto",
+                     num_devices=1, eval_gif=False)
+_PPO_FROM_TOP = ("seed", "log_every", "checkpoint_every", "keep_checkpoints")
 
 
 @dataclass(frozen=True)
@@ -29,11 +44,7 @@ class PGTSConfig:
     model_intermediate_size: int = 384
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_prompt_length: int = 10  # BOS + prompt, left-padded
-    sft_steps: int = 300
-    sft_batch_size: int = 64
-    sft_learning_rate: float = 3e-3
-    sft_warmup_steps: int = 30
-    sft_checkpoint_every: int = 100
+    sft: SFTSection = field(default_factory=SFTSection)  # the generator's warm-start on worked solutions
 
     # ---- the search tree
     max_nodes: int = 12
@@ -70,22 +81,12 @@ class PGTSConfig:
     rm_batch_size: int = 64
     rm_learning_rate: float = 1e-4
 
-    # ---- PGTS policy trained by PPO (jaxrl_hier.algorithms.ppo, network: gps)
+    # ---- PGTS policy trained by PPO (jaxrl_hier.algorithms.ppo, network: gps; hidden_size and
+    # num_layers size the policy; the initial logit bias of Expand and Terminate (GPSActorCritic.prior)
+    # starts it near CoT)
     train_problems: int = 1000
-    total_timesteps: int = 16384
-    num_envs: int = 32
-    num_steps: int = 16
-    update_epochs: int = 4
-    num_minibatches: int = 4
-    lr: float = 3e-4
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    policy_hidden_size: int = 64
-    policy_layers: int = 2
-    policy_prior: float = 2.0  # initial logit bias of Expand and Terminate (GPSActorCritic.prior): start near CoT
+    ppo: PPOConfig = field(default_factory=lambda: PGTS_PPO)
+    policy_prior: float = 2.0
     # imitation warm-start (search.imitation): before PPO, behaviour cloning of the threshold rule
     # (Branch when the new step scores below imitation_tau and its parent has at most imitation_extra
     # children) on its searches of imitation_problems training problems; 0 steps: PPO from the prior
@@ -109,7 +110,12 @@ class PGTSConfig:
     checkpoint_every: int = 8
     keep_checkpoints: int = 2
 
-    # Unused by this pipeline but read by the shared SFT / model set-up code (jaxrl_hier.llm_rl).
+    #: the flat keys the nested sections replaced (an old config gets a message naming the new key)
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **SFT_MOVED_KEYS, "policy_hidden_size": "ppo.hidden_size", "policy_layers": "ppo.num_layers",
+        **{k: f"ppo.{k}" for k in ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
+                                    "lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef")}}
+
     @property
     def cot_max_tokens(self) -> int:
         """The longest solution: max_depth steps of step_tokens (CoT and sampled paths)."""
@@ -123,33 +129,35 @@ class PGTSConfig:
 
     @property
     def num_updates(self) -> int:
-        return self.total_timesteps // (self.num_envs * self.num_steps)
+        return self.ppo.num_updates
 
     def validate(self) -> None:
         positive = ("task_digits", "task_steps", "model_hidden_size", "model_layers", "model_heads", "model_kv_heads",
-                    "model_intermediate_size", "max_prompt_length", "sft_batch_size", "max_nodes", "max_depth",
+                    "model_intermediate_size", "max_prompt_length", "max_nodes", "max_depth",
                     "max_children", "step_tokens", "token_budget", "rm_problems", "rm_samples", "rm_eval_problems",
-                    "rm_steps", "rm_batch_size", "rm_sft_steps", "train_problems", "total_timesteps", "num_envs", "num_steps",
-                    "update_epochs", "num_minibatches", "policy_hidden_size", "policy_layers", "eval_problems",
+                    "rm_steps", "rm_batch_size", "rm_sft_steps", "train_problems", "eval_problems",
                     "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints", "imitation_problems",
                     "imitation_batch_size")
         for name in positive:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"'{name}' must be a positive integer, got {value!r}.")
-        for name in ("sft_steps", "sft_checkpoint_every", "eval_every", "checkpoint_every", "imitation_steps",
-                     "imitation_extra"):
+        for name in ("eval_every", "checkpoint_every", "imitation_steps", "imitation_extra"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        for name in ("temperature", "sft_learning_rate", "rm_learning_rate", "lr", "clip_eps", "imitation_learning_rate"):
+        for name in ("temperature", "rm_learning_rate", "imitation_learning_rate"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"'{name}' must be > 0, got {getattr(self, name)}.")
-        for name in ("cost_expand", "cost_branch", "cost_backtrack", "cost_terminate", "correct_reward", "ent_coef",
-                     "vf_coef", "mcts_c"):
+        for name in ("cost_expand", "cost_branch", "cost_backtrack", "cost_terminate", "correct_reward", "mcts_c"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
-        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
-            raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
+        for name, own in (("env", "PGTS-v0"), ("network", "gps"), ("num_seeds", 1), ("num_devices", 1)):
+            if getattr(self.ppo, name) != own:  # the pipeline trains one search policy on one device
+                raise ConfigError(f"'ppo.{name}' is PGTS's own ({own}), got {getattr(self.ppo, name)!r}: remove it.")
+        for name in _PPO_FROM_TOP:
+            if getattr(self.ppo, name) != getattr(PGTS_PPO, name):
+                raise ConfigError(f"'ppo.{name}' comes from the top-level '{name}' of a PGTS config: set '{name}' "
+                                  f"instead of 'ppo.{name}'.")
         if self.max_nodes < 2:
             raise ConfigError(f"'max_nodes' must be >= 2 (the root and one step), got {self.max_nodes}.")
         if self.sibling == "swap" and not self.greedy_first_child:
@@ -159,13 +167,6 @@ class PGTSConfig:
             raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if not self.sc_samples or any(not isinstance(n, int) or n < 1 for n in self.sc_samples):
             raise ConfigError(f"'sc_samples' must be a non-empty list of positive integers, got {self.sc_samples!r}.")
-        if self.num_updates < 1:
-            raise ConfigError(f"total_timesteps ({self.total_timesteps}) is smaller than one PPO update of num_envs x "
-                              f"num_steps = {self.num_envs * self.num_steps} search steps.")
-        if self.num_steps % self.num_minibatches:
-            raise ConfigError(f"num_steps ({self.num_steps}) must be divisible by num_minibatches "
-                              f"({self.num_minibatches}): every minibatch takes num_steps / num_minibatches steps of "
-                              "every env. Change num_minibatches or num_steps.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
         if self.eval_every and self.eval_every % self.log_every:
@@ -180,23 +181,15 @@ class PGTSConfig:
                           model_path=self.model_path, model_hidden_size=self.model_hidden_size,
                           model_layers=self.model_layers, model_heads=self.model_heads,
                           model_kv_heads=self.model_kv_heads, model_intermediate_size=self.model_intermediate_size,
-                          dtype=self.dtype, sft_steps=self.sft_steps, sft_batch_size=self.sft_batch_size,
-                          sft_learning_rate=self.sft_learning_rate, sft_warmup_steps=self.sft_warmup_steps,
-                          sft_checkpoint_every=self.sft_checkpoint_every, max_prompt_length=self.max_prompt_length,
+                          dtype=self.dtype, sft_steps=self.sft.steps, sft_batch_size=self.sft.batch_size,
+                          sft_learning_rate=self.sft.learning_rate, sft_warmup_steps=self.sft.warmup_steps,
+                          sft_checkpoint_every=self.sft.checkpoint_every, max_prompt_length=self.max_prompt_length,
                           max_new_tokens=self.cot_max_tokens, eval_problems=self.eval_problems,
                           log_every=self.log_every, keep_checkpoints=self.keep_checkpoints).resolved()
 
-    def ppo_config(self):
-        from jaxrl_hier.algorithms.ppo import PPOConfig
-
-        return PPOConfig(env="PGTS-v0", total_timesteps=self.total_timesteps, num_envs=self.num_envs,
-                         num_steps=self.num_steps, update_epochs=self.update_epochs,
-                         num_minibatches=self.num_minibatches, lr=self.lr, gamma=self.gamma,
-                         gae_lambda=self.gae_lambda, clip_eps=self.clip_eps, ent_coef=self.ent_coef,
-                         vf_coef=self.vf_coef, network="gps", hidden_size=self.policy_hidden_size,
-                         num_layers=self.policy_layers, activation="relu", seed=self.seed, reset_mode="auto",
-                         num_devices=1, checkpoint_every=self.checkpoint_every, keep_checkpoints=self.keep_checkpoints,
-                         log_every=self.log_every, eval_gif=False)
+    def ppo_config(self) -> PPOConfig:
+        """The `ppo:` section with the run's seed, logging and checkpoint keys."""
+        return dataclasses.replace(self.ppo, **{k: getattr(self, k) for k in _PPO_FROM_TOP})
 
 
 #: keys a resume may change: logging, evaluation and retention only. Not total_timesteps: PPO anneals

@@ -111,7 +111,7 @@ def test_critic_step_regresses_and_moves_the_target_by_polyak(tiny_critic):
 
 TINY = dict(algorithm="guided", task_operators="+", task_steps=1, max_prompt_length=6, max_new_tokens=8,
             model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64,
-            lora_rank=2, sft_steps=4, sft_batch_size=16, sft_checkpoint_every=2, iterations=4,
+            lora_rank=2, sft=dict(steps=4, batch_size=16, checkpoint_every=2), iterations=4,
             episodes_per_iteration=8, critic_steps=2, actor_steps=2, warmup_iterations=1, critic_batch_size=16,
             replay_capacity=64, critic_hidden_size=16, critic_intermediate_size=32, critic_mlp_hidden=16,
             eval_every=2, eval_episodes=8, checkpoint_every=2, sample_log_count=2, beta=0.05, clip_eps=0.2)

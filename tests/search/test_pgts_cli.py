@@ -11,9 +11,9 @@ import pytest
 from jaxrl_hier import train
 
 TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_heads=1", "model_intermediate_size=64",
-        "sft_steps=4", "sft_batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
-        "rm_batch_size=8", "train_problems=16", "total_timesteps=64", "num_envs=4", "num_steps=8",
-        "num_minibatches=2", "update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
+        "sft.steps=4", "sft.batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
+        "rm_batch_size=8", "train_problems=16", "ppo.total_timesteps=64", "ppo.num_envs=4", "ppo.num_steps=8",
+        "ppo.num_minibatches=2", "ppo.update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
         "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1", "rm_sft_steps=4", "imitation_problems=4",
         "imitation_batch_size=8"]
 
@@ -23,7 +23,11 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
     ("step_tokens=4", "step_tokens"),
     ("max_prompt_length=4", "are longer than max_prompt_length=4"),  # every split's pool, as GRPO's check
     ("sc_samples=[0]", "sc_samples"),
-    ("num_minibatches=3", "num_minibatches"),
+    ("ppo.num_minibatches=3", "section 'ppo': num_steps (16) must be divisible by num_minibatches (3)"),
+    ("ppo.network=mlp", "'ppo.network' is PGTS's own (gps)"),
+    ("sft.batch_size=0", "section 'sft': 'batch_size' must be a positive integer"),
+    ("num_minibatches=3", "config key 'num_minibatches' in configs/pgts_arithmetic.yaml is now 'ppo.num_minibatches'"),
+    ("sft_steps=10", "is now 'sft.steps'"),
     ("cost_branch=-1", "cost_branch"),
     ("max_nodez=3", "unknown config key"),
     ("rm_kind=oracle", "rm_kind"),
@@ -59,8 +63,8 @@ def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
     raw = {**read_yaml("configs/pgts_arithmetic.yaml"), **parse_overrides(TINY)}
     save_run_config(out / "config.yaml", raw.pop("algorithm"), build_dataclass(PGTSConfig, raw))
     before = (out / "config.yaml").read_bytes()
-    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "total_timesteps=128"]) == 2
-    assert "cannot change 'total_timesteps' on --resume (64 in the run, 128 asked)" in capsys.readouterr().err
+    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "ppo.total_timesteps=128"]) == 2
+    assert "cannot change 'ppo.total_timesteps' on --resume (64 in the run, 128 asked)" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_bytes() == before
 
 
