@@ -117,6 +117,17 @@ class ChainPolicy:
         return distrax.Categorical(logits=logits), mlp_apply(params["critic"], critic_in, act)[:, 0]
 
 
+def failed_experts(run_dir: Path, state: Any, load: Any) -> dict:
+    """skill -> the last attempt's expert of each failed skill of a run (kept in its directory when it
+    failed): the chain phase may start from it. `load(directory)` reads one expert."""
+    out = {}
+    for r in state.by_status("failed"):
+        directory = Path(run_dir) / "skills" / r.dirname
+        if (directory / "expert").is_dir():
+            out[r.name] = load(directory)
+    return out
+
+
 def chain_target(library: SkillLibrary, available: list[str], target: str) -> str:
     """The skill the chain is tuned towards: `target` when it and its whole closure have experts;
     for "all" (or a target without one), the skill with the longest closure that has."""
@@ -178,5 +189,5 @@ def load_chain(run_dir: Path, plan: list[str], like_actor: Any) -> dict:
     return load_expert(Path(run_dir) / CHAIN_DIR, {s: {"actor": like_actor} for s in plan})
 
 
-__all__ = ["CHAIN_DIR", "ChainEnv", "ChainParams", "ChainPolicy", "ChainState", "ChainTuner", "chain_target",
+__all__ = ["CHAIN_DIR", "ChainEnv", "ChainParams", "ChainPolicy", "ChainState", "ChainTuner", "chain_target", "failed_experts",
            "load_chain", "save_chain"]

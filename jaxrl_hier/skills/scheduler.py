@@ -208,11 +208,9 @@ class Scheduler:
     # ------------------------------------------------------------------ chain fine-tuning
     def _chain_experts(self) -> dict[str, Any]:
         """The completed skills' experts, then each failed skill's last attempt (saved when it failed)."""
-        experts = dict(self.experts)
-        for r in self.state.by_status("failed"):
-            if (self.skill_dir(r) / "expert").is_dir():
-                experts[r.name] = self.trainer.load_expert(self.skill_dir(r))
-        return experts
+        from jaxrl_hier.skills.chain import failed_experts
+
+        return {**self.experts, **failed_experts(self.dir, self.state, self.trainer.load_expert)}
 
     def _chain(self) -> None:
         """Fine-tune the chain towards the target (config `chain_timesteps`, `skills.chain`) in chunks
