@@ -129,8 +129,8 @@ def _nest_dotted(values: Mapping[str, Any]) -> dict[str, Any]:
         section = out.get(head)
         if section is None:
             section = out[head] = {}
-        elif not isinstance(section, dict):
-            section = out[head] = dict(section) if isinstance(section, Mapping) else section
+        elif isinstance(section, Mapping):
+            section = out[head] = dict(section)  # a copy: the caller's mapping is left as it was
         if not isinstance(section, dict):
             raise ConfigError(f"'{key}' sets a key of section '{head}', but '{head}' is {section!r}, not a section.")
         section[rest] = value

@@ -65,7 +65,7 @@ def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
     ("- name: a\n  requires: [nothing]\n  success: [inventory.wood >= 1]\n", [], "unknown skill 'nothing'"),
     ("- name: a\n  success: [inventory.gold >= 1]\n", [], "unknown quantity 'inventory.gold'"),
     (SKILLS_YAML, ["max_paralel_skills=2"], "Did you mean 'max_parallel_skills'"),
-    (SKILLS_YAML, ["ppo.num_envs=64"], "unknown config key 'ppo.num_envs'"),
+    (SKILLS_YAML, ["ppo.num_envz=64"], "unknown config key 'num_envz' in skills config section 'ppo'. Did you mean"),
     (SKILLS_YAML, ["generator=openai"], "needs 'llm_base_url'"),
     (SKILLS_YAML, ["generator=planner", "target=fly"], "target 'fly' is not"),
     (SKILLS_YAML, ["max_attempt_steps=-1"], "'max_attempt_steps' must be >= 0"),
