@@ -12,7 +12,7 @@ import difflib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Collection, Mapping, Sequence, TypeVar
 
 import yaml
 
@@ -137,7 +137,8 @@ def _nest_dotted(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _section(cls: type, name: str, base: Any, value: Any, source: str) -> Any:
+def _section(cls: type, name: str, base: Any, value: Any, source: str, overridden: Collection[str],
+             overrides_source: str) -> Any:
     """A nested config section: its keys in `value` over the field's default `base` (so a section in
     YAML gives only what it changes), built and validated as a config of its own."""
     if isinstance(value, cls):
@@ -146,37 +147,43 @@ def _section(cls: type, name: str, base: Any, value: Any, source: str) -> Any:
         raise ConfigError(f"'{name}' is a section of keys ({cls.__name__}): write it as a mapping, e.g. "
                           f"{name}: {{key: value}}, or override one key as {name}.KEY=VALUE; got {value!r}.")
     try:
-        return build_dataclass(cls, {**to_dict(base), **value}, source=f"{source}, section '{name}'")
+        inner = {k.partition(".")[2] for k in overridden if k.startswith(f"{name}.")}
+        return build_dataclass(cls, {**to_dict(base), **value}, source=f"{source}, section '{name}'", overridden=inner,
+                               overrides_source=f"{overrides_source}, section '{name}'")
     except ConfigError as err:  # the section's own checks name its keys without the section
         raise (err if f"section '{name}'" in str(err) else ConfigError(f"section '{name}': {err}")) from None
 
 
-def build_dataclass(cls: type[T], values: Mapping[str, Any], *, source: str = "config") -> T:
+def build_dataclass(cls: type[T], values: Mapping[str, Any], *, source: str = "config",
+                    overridden: Collection[str] = (), overrides_source: str = "the command-line overrides") -> T:
     """Build a frozen dataclass from a mapping, rejecting unknown keys (with a suggestion) and
     checking types; then run the class's own `validate()` if it has one.
 
     A field typed as a config dataclass is a nested section (`ppo:` with PPOConfig's keys), given as a
     mapping over the field's default, or key by key with dotted names (`ppo.lr=1e-3`). A class may map
     keys it no longer has to their new home in `MOVED_KEYS` ({"sft_steps": "sft.steps"}), so an old
-    config gets a message naming the new key."""
+    config gets a message naming the new key. `source` names where the values came from, and
+    `overridden` the keys (dotted for a section's) that came from the command line instead, so a
+    message about one of those names the command line, not the file."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     moved: Mapping[str, str] = getattr(cls, "MOVED_KEYS", {})
     kwargs: dict[str, Any] = {}
     for key, value in _nest_dotted(values).items():
+        where = overrides_source if key in overridden else source
         if key in moved:
-            raise ConfigError(f"config key '{key}' in {source} is now '{moved[key]}': write it as "
+            raise ConfigError(f"config key '{key}' in {where} is now '{moved[key]}': write it as "
                               f"{moved[key]}=VALUE, or under the '{moved[key].split('.')[0]}:' section in YAML.")
         if key not in fields:
             raise ConfigError(
-                f"unknown config key '{key}' in {source}.{closest(key, list(fields))} "
+                f"unknown config key '{key}' in {where}.{closest(key, list(fields))} "
                 f"Known keys: {', '.join(sorted(fields))}."
             )
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
             f = fields[key]
             base = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            kwargs[key] = _section(hint, key, base, value, source)
+            kwargs[key] = _section(hint, key, base, value, source, overridden, overrides_source)
         else:
             kwargs[key] = _coerce(key, value, hint)
     try:
@@ -200,7 +207,14 @@ def load_config(
         source = str(path)
     extra = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
     values.update(extra)
-    return build_dataclass(cls, values, source=source)
+    return build_dataclass(cls, values, source=source, overridden=set(extra))
+
+
+def config_from_args(cls: type[T], raw: Mapping[str, Any], args: Any) -> T:
+    """`build_dataclass` for a CLI: `args.config_source` names the file the mapping came from and
+    `args.override_keys` the keys its command-line overrides set (`jaxrl_hier.train.load_raw_config`)."""
+    return build_dataclass(cls, raw, source=getattr(args, "config_source", "config"),
+                           overridden=getattr(args, "override_keys", ()))
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -72,7 +72,9 @@ def load_raw_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     else:
         path = args.config if args.config is not None else DEFAULT_CONFIG
     raw = read_yaml(path)
-    raw.update(parse_overrides(args.overrides))
+    overrides = parse_overrides(args.overrides)
+    raw.update(overrides)
+    args.override_keys = set(overrides)  # so a message about one of them names the command line (config_from_args)
     return raw, str(path)
 
 

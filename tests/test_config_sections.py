@@ -4,6 +4,7 @@ config, an old flat key is refused with its new name, and a resume names a chang
 dotted name."""
 
 import dataclasses
+import types
 
 import pytest
 
@@ -54,3 +55,20 @@ def test_resume_names_a_changed_section_key():
     with pytest.raises(ConfigError, match=r"cannot change 'ppo.total_timesteps' on --resume \(16384 in the run"):
         check_resume_changes(saved, build_dataclass(PGTSConfig, {"ppo.total_timesteps": 32768}), ("eval_every",))
     check_resume_changes(saved, build_dataclass(PGTSConfig, {"sft.steps": 9}), ("sft.steps",))  # a dotted safe key
+
+
+def test_a_bad_key_is_traced_to_the_file_or_the_command_line():
+    """A key the command line set is reported as the command line's, not the config file's."""
+    from jaxrl_hier.config import config_from_args
+
+    def message(raw, override_keys):
+        args = types.SimpleNamespace(config_source="configs/pgts_arithmetic.yaml", override_keys=override_keys)
+        with pytest.raises(ConfigError) as err:
+            config_from_args(PGTSConfig, raw, args)
+        return str(err.value)
+
+    assert "'max_nodez' in configs/pgts_arithmetic.yaml." in message({"max_nodez": 3}, set())
+    assert "'max_nodez' in the command-line overrides." in message({"max_nodez": 3}, {"max_nodez"})
+    assert "'num_envz' in the command-line overrides, section 'ppo'." in message({"ppo.num_envz": 3}, {"ppo.num_envz"})
+    assert "'num_envz' in configs/pgts_arithmetic.yaml, section 'ppo'." in message({"ppo": {"num_envz": 3}}, {"seed"})
+    assert "'sft_steps' in the command-line overrides is now 'sft.steps'" in message({"sft_steps": 3}, {"sft_steps"})

@@ -23,7 +23,7 @@ import math
 import time
 
 from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, train_chunk
-from jaxrl_hier.config import ConfigError, build_dataclass, to_dict
+from jaxrl_hier.config import ConfigError, config_from_args, to_dict
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
                              use_compilation_cache)
@@ -59,7 +59,7 @@ def checkpoint_meta(trainer) -> dict:
 def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
     """The `ppo` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
     # Everything that can be wrong with the input is checked here, before any compile or write.
-    config = build_dataclass(PPOConfig, raw_config, source=getattr(args, "config_source", "config"))
+    config = config_from_args(PPOConfig, raw_config, args)
     check_logging_deps(config)
     if args.resume:
         output_dir = args.output_dir

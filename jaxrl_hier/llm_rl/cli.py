@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
 from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
@@ -97,7 +97,7 @@ def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
     """The `grpo` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    config = build_dataclass(GRPOConfig, raw_config, source=getattr(args, "config_source", "config")).resolved()
+    config = config_from_args(GRPOConfig, raw_config, args).resolved()
     if algorithm == "sft" and config.sft_steps < 1:
         raise ConfigError("algorithm: sft needs sft_steps >= 1.")
     if args.resume:

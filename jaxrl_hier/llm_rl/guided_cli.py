@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
@@ -96,7 +96,7 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
 
 def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     """The `guided` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    config = build_dataclass(GuidedConfig, raw_config, source=getattr(args, "config_source", "config"))
+    config = config_from_args(GuidedConfig, raw_config, args)
     if args.resume:
         out = args.output_dir
         check_resume_changes(load_saved_config(GuidedConfig, out), config, GUIDED_RESUME_SAFE_KEYS)

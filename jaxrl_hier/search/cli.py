@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              progress_bar, refuse_existing_run, resolve_output_dir, run_params_stage, seal_stage,
                              stage_summary, sync_processes, use_compilation_cache)
@@ -349,7 +349,7 @@ def _index(tree: Any, i: int) -> Any:
 
 def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     """The `pgts` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
-    config = build_dataclass(PGTSConfig, raw_config, source=getattr(args, "config_source", "config"))
+    config = config_from_args(PGTSConfig, raw_config, args)
     if args.resume:
         out = args.output_dir
         if out is None:
