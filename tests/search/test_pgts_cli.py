@@ -26,7 +26,7 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
     ("ppo.num_minibatches=3", "section 'ppo': num_steps (16) must be divisible by num_minibatches (3)"),
     ("ppo.network=mlp", "'ppo.network' is PGTS's own (gps)"),
     ("sft.batch_size=0", "section 'sft': 'batch_size' must be a positive integer"),
-    ("num_minibatches=3", "config key 'num_minibatches' in configs/pgts_arithmetic.yaml is now 'ppo.num_minibatches'"),
+    ("num_minibatches=3", "config key 'num_minibatches' in the command-line overrides is now 'ppo.num_minibatches'"),
     ("sft_steps=10", "is now 'sft.steps'"),
     ("cost_branch=-1", "cost_branch"),
     ("max_nodez=3", "unknown config key"),
@@ -69,14 +69,14 @@ def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["configs/pgts_arithmetic_paper.yaml", "configs/pgts_arithmetic.yaml"])
-def test_pipeline_end_to_end(tmp_path, capsys, config):
-    """Both shipped configs: the paper's (sampled siblings, the classifier reward model, PPO from
-    scratch) and ours (swap siblings, the likelihood verifier with its own SFT stage under
-    reward_model/sft, PPO started from the threshold rule by imitation)."""
-    ours = "paper" not in config
+def test_pipeline_end_to_end(tmp_path, capsys):
+    """Our shipped config: swap siblings, the likelihood verifier with its own SFT stage under
+    reward_model/sft, PPO started from the threshold rule by imitation. (The paper's config, with
+    sampled siblings, the classifier reward model and PPO from scratch, runs end to end in
+    test_pgts_reward_model_bench.py, which benchmarks that run.)"""
     out = tmp_path / "run"
-    args = ["--config", config, "--output-dir", str(out), "--no-progress", *TINY] + (["imitation_steps=3"] if ours else [])
+    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY,
+            "imitation_steps=3"]
     assert train.main(args) == 0
     for path in ("config.yaml", "sft/DONE", "sft/model", "reward_model/DONE", "metrics.jsonl", "trees.txt",
                  "learning_curve.png", "eval/results.json", "eval/table.md", "eval/accuracy_vs_tokens.png",
@@ -90,15 +90,14 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     methods = [r["method"] for r in rows]
     assert methods[0] == "CoT greedy" and "self-consistency@2" in methods and "best-of-2 (RM)" in methods
     assert "MCTS (2 simulations)" in methods and methods[-1] == "PGTS (policy)"
-    if ours:  # the imitation teacher and the cloned policy PPO started from, beside the trained one
-        assert methods[-3:-1] == ["threshold rule (tau 0.3, imitation teacher)", "PGTS (imitation only)"]
-        demos = json.loads((out / "imitation/DONE").read_text())["demos"]
-        assert demos["problems"] == 4 and demos["actions"] >= 4
-    assert (out / "imitation").exists() == ours
+    # the imitation teacher and the cloned policy PPO started from, beside the trained one
+    assert methods[-3:-1] == ["threshold rule (tau 0.3, imitation teacher)", "PGTS (imitation only)"]
+    demos = json.loads((out / "imitation/DONE").read_text())["demos"]
+    assert demos["problems"] == 4 and demos["actions"] >= 4
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["tokens"] > 0 for r in rows)
     rm = json.loads((out / "reward_model/DONE").read_text())
     assert {"accuracy", "auc", "loss"} <= set(rm["eval"])
-    assert (out / "reward_model/sft/model").is_dir() == ours
+    assert (out / "reward_model/sft/model").is_dir()
     trees = (out / "trees.txt").read_text()
     assert trees.count("=== update") == 3 and "[0] <prompt>" in trees
     # every stage is complete: --resume skips them all and leaves the results alone
@@ -107,40 +106,37 @@ def test_pipeline_end_to_end(tmp_path, capsys, config):
     assert train.main(args + ["--resume"]) == 0
     err = capsys.readouterr().err
     assert "SFT stage already complete" in err and "reward model stage already complete" in err
-    assert "evaluation stage already complete" in err
-    assert ("imitation stage already complete" in err) == ours
+    assert "evaluation stage already complete" in err and "imitation stage already complete" in err
     assert (out / "eval/results.json").read_text() == before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
-    # The PPO stage's kill windows are the same code for both configs: checked once, on ours.
-    if ours:
-        # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
-        # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
-        shutil.rmtree(out / "checkpoints" / "2")
-        capsys.readouterr()
-        assert train.main(args + ["--resume"]) == 0
-        assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
-        replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        volatile = ("time_s", "search_steps_per_s")
-        assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
-            [{k: v for k, v in r.items() if k not in volatile} for r in records]
-        assert (out / "trees.txt").read_text() == trees
-        # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
-        # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
-        # holds the later trees too, which the stage must drop and write again).
-        shutil.rmtree(out / "checkpoints")
-        (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
-        assert train.main(args + ["--resume"]) == 0
-        restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
-            [{k: v for k, v in r.items() if k not in volatile} for r in records]
-        assert (out / "trees.txt").read_text() == trees
-    # A kill between a parameter stage's checkpoint and its DONE (the classifier reward model, or the
-    # imitation stage): --resume redoes that stage over the orphaned checkpoint, to the same result.
-    stage = out / ("imitation" if ours else "reward_model")
+    # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
+    # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
+    shutil.rmtree(out / "checkpoints" / "2")
+    capsys.readouterr()
+    assert train.main(args + ["--resume"]) == 0
+    assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
+    replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    volatile = ("time_s", "search_steps_per_s")
+    assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
+        [{k: v for k, v in r.items() if k not in volatile} for r in records]
+    assert (out / "trees.txt").read_text() == trees
+    # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
+    # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
+    # holds the later trees too, which the stage must drop and write again).
+    shutil.rmtree(out / "checkpoints")
+    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
+    assert train.main(args + ["--resume"]) == 0
+    restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
+        [{k: v for k, v in r.items() if k not in volatile} for r in records]
+    assert (out / "trees.txt").read_text() == trees
+    # A kill between the imitation stage's checkpoint and its DONE: --resume redoes that stage over the
+    # orphaned checkpoint, to the same result (the classifier reward model's: test_pgts_reward_model_bench.py).
+    stage = out / "imitation"
     done = json.loads((stage / "DONE").read_text())
     (stage / "DONE").unlink()
     capsys.readouterr()
     assert train.main(args + ["--resume"]) == 0
-    assert ("imitation: 3 steps" if ours else "reward model: held-out accuracy") in capsys.readouterr().err
+    assert "imitation: 3 steps" in capsys.readouterr().err
     again = json.loads((stage / "DONE").read_text())
     assert {k: v for k, v in again.items() if k != "time_s"} == {k: v for k, v in done.items() if k != "time_s"}

@@ -56,9 +56,11 @@ def test_reward_model_figures_come_from_distinct_validation_problems(monkeypatch
 
 
 @pytest.mark.slow
-def test_sweeps_run_on_validation_and_report_the_choice_once_on_test(tmp_path):
-    """Both benchmarks at a tiny size on a tiny finished pipeline run: the sweep's rows are of
-    validation problems, and --test adds the chosen setting's figures on the test split."""
+def test_sweeps_run_on_validation_and_report_the_choice_once_on_test(tmp_path, capsys):
+    """The paper's shipped config end to end at a tiny size (sampled siblings, the classifier reward
+    model, PPO from scratch: the pipeline's other stages and kill windows are test_pgts_cli.py's, on our
+    config), then both benchmarks on that finished run: the sweep's rows are of validation problems,
+    and --test adds the chosen setting's figures on the test split."""
     import json
 
     from jaxrl_hier import train
@@ -66,8 +68,25 @@ def test_sweeps_run_on_validation_and_report_the_choice_once_on_test(tmp_path):
     from test_pgts_cli import TINY
 
     run = tmp_path / "run"
-    assert train.main(["--config", "configs/pgts_arithmetic_paper.yaml", "--output-dir", str(run), "--no-progress",
-                       *TINY]) == 0
+    args = ["--config", "configs/pgts_arithmetic_paper.yaml", "--output-dir", str(run), "--no-progress", *TINY]
+    assert train.main(args) == 0
+    for path in ("sft/DONE", "reward_model/DONE", "metrics.jsonl", "trees.txt", "eval/results.json", "eval/table.md"):
+        assert (run / path).exists(), path
+    assert not (run / "imitation").exists() and not (run / "reward_model/sft").exists()
+    methods = [r["method"] for r in json.loads((run / "eval/results.json").read_text())["rows"]]
+    assert methods == ["CoT greedy", "sampled path@1", "self-consistency@2", "best-of-2 (RM)", "MCTS (2 simulations)",
+                       "PGTS (policy)"]  # no imitation teacher or cloned policy: PPO from scratch
+    # A kill between the classifier reward model's checkpoint and its DONE: --resume redoes that stage
+    # over the orphaned checkpoint, to the same result, and finds every later stage complete.
+    done = json.loads((run / "reward_model/DONE").read_text())
+    assert {"accuracy", "auc", "loss"} <= set(done["eval"])
+    (run / "reward_model/DONE").unlink()
+    capsys.readouterr()
+    assert train.main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "reward model: held-out accuracy" in err and "evaluation stage already complete" in err
+    again = json.loads((run / "reward_model/DONE").read_text())
+    assert {k: v for k, v in again.items() if k != "time_s"} == {k: v for k, v in done.items() if k != "time_s"}
     assert rule_bench.main(["--run-dir", str(run), "--out", str(tmp_path / "rules"), "--rules", "0.3:1", "0.5:1",
                             "--test"]) == 0
     rules = json.loads((tmp_path / "rules" / "pgts_rule_search.json").read_text())
