@@ -1,6 +1,6 @@
 """What a chunk of chain fine-tuning costs (`skills.chain`), from a finished skills run: the chain's
 PPO program built as the scheduler builds it, its compile timed apart from the chunks once compiled,
-for each expert dispatch (`moe_dispatch`: gather or mask) and any config overrides.
+for each expert dispatch (`chain_moe_dispatch`: gather or mask) and any config overrides.
 
 In a chain every expert trains, so `mask` (every expert on every row) pays the backward pass of all
 of them; in a skill's round only the new expert trains. This measures which dispatch the chain
@@ -57,7 +57,7 @@ def time_chunks(config: SkillsConfig, catalog, experts: dict, library, chunks: i
         runner, _, elapsed = train_chunk(tuner.ppo, runner, config.updates_per_round)
         times.append(elapsed)
     chunk = float(np.median(times))
-    return {"target": target, "plan": list(tuner.plan), "dispatch": config.moe_dispatch,
+    return {"target": target, "plan": list(tuner.plan), "dispatch": config.chain_moe_dispatch,
             "first_chunk_s": first, "compile_s": max(first - chunk, 0.0), "chunk_s": times,
             "median_chunk_s": chunk, "env_steps_per_chunk": tuner.steps_per_chunk,
             "env_steps_per_s": tuner.steps_per_chunk / chunk}
@@ -75,7 +75,7 @@ def main() -> None:
     catalog = check_config(config)
     library = run_library(load_state(args.run), catalog)
     experts = chain_experts(args.run, config, catalog)
-    rows = [time_chunks(dataclasses.replace(config, moe_dispatch=d), catalog, experts, library, args.chunks)
+    rows = [time_chunks(dataclasses.replace(config, chain_moe_dispatch=d), catalog, experts, library, args.chunks)
             for d in args.dispatch]
     device = jax.devices()[0]
     result = {"device": f"{device.platform}:{device.device_kind}", "cpu": platform.processor() or platform.machine(),

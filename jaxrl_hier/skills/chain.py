@@ -156,7 +156,8 @@ class ChainTuner:
                                   total_timesteps=max(config.chain_timesteps, config.steps_per_update))
         self.env = ChainEnv(skill_env)
         self.params = ChainParams(base_params, comp.plan, comp.needs)
-        self.policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation, config.moe_dispatch)
+        self.policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation,
+                                  config.chain_moe_dispatch)
         self.ppo = make_train(ppo, env=self.env, env_params=self.params, network=self.policy)
         self.steps_per_chunk = config.updates_per_round * config.steps_per_update
 

@@ -87,6 +87,11 @@ class SkillsConfig:
     # trained together from fresh worlds on the chain's progress for this many env steps (0: off).
     chain_timesteps: int = 0
     chain_lr: float = 3e-4
+    # The chain's expert dispatch. Every expert trains there, so `mask` pays every expert's backward
+    # pass on every row; `gather` runs only the routed one. On this 2-core CPU a TechTree chunk of 8
+    # experts took 2.12 s with gather, 2.57 s with mask, while in the skill rounds (one trainable
+    # expert, vmapped slots) mask is the faster (benchmarks/skills_chain_speed.py, skills_compile.py).
+    chain_moe_dispatch: str = "gather"
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
 
     def validate(self) -> None:
@@ -139,8 +144,9 @@ class SkillsConfig:
             raise ConfigError(f"'success_rate_threshold' must lie in (0, 1], got {self.success_rate_threshold}.")
         if self.bank_shapes not in ("fit", "max"):
             raise ConfigError(f"'bank_shapes' must be 'fit' or 'max', got '{self.bank_shapes}'.")
-        if self.moe_dispatch not in ("gather", "mask"):
-            raise ConfigError(f"'moe_dispatch' must be 'gather' or 'mask', got '{self.moe_dispatch}'.")
+        for key in ("moe_dispatch", "chain_moe_dispatch"):
+            if getattr(self, key) not in ("gather", "mask"):
+                raise ConfigError(f"'{key}' must be 'gather' or 'mask', got '{getattr(self, key)}'.")
         self.ppo_config()  # validates the ppo section
         if self.env_params:
             self.make_env()  # unknown fields: ConfigError naming them

@@ -71,6 +71,7 @@ def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
     (SKILLS_YAML, ["max_attempt_steps=-1"], "'max_attempt_steps' must be >= 0"),
     (SKILLS_YAML, ["greedy_eval_every=-2"], "'greedy_eval_every' must be >= 0"),
     (SKILLS_YAML, ["bank_shapes=all"], "'bank_shapes' must be 'fit' or 'max'"),
+    (SKILLS_YAML, ["chain_moe_dispatch=dense"], "'chain_moe_dispatch' must be 'gather' or 'mask'"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides, message):
     config = write_config(tmp_path, skills)
@@ -161,7 +162,10 @@ def test_four_techtree_skills_learn_to_threshold_through_sigkill_and_resume(tmp_
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "jaxrl_hier.skills"]
-    proc = subprocess.Popen(cmd + ["run", "--config", str(config), "--output-dir", str(out), "--no-progress"],
+    # No greedy evaluation beside the rounds (a program per round shape; test_multi_device.py runs it,
+    # and its schedule test_scheduler.py's): this test is about the kill and the resume.
+    proc = subprocess.Popen(cmd + ["run", "--config", str(config), "--output-dir", str(out), "--no-progress",
+                                   "greedy_eval_every=0"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def mid_way():  # a skill completed, another has trained past its first checkpoint
