@@ -18,7 +18,10 @@ that system's alone and each framework keeps its own thread settings (torch: `se
 the JAX systems: the same environment; the peers on XLA's default flags, ours on jaxrl_hier's). Workers
 start from the environment this script was started in; OMP_WAIT_POLICY (torch's threads only) is
 PASSIVE when other jobs kept the CPU busy in the second before the worker, else torch's default
-(`--omp-wait-policy`, `omp_wait_policy`), and a TRL worker imports no JAX. `--check-peers` runs each
+(`--omp-wait-policy`, `omp_wait_policy`), and a TRL worker imports no JAX. Before each worker the harness waits
+(up to `--cooldown-s`) until the hypervisor steals under 5% of the CPU in a 1-s probe, and records the
+steal the worker met (`cpu_steal`): on this VM other tenants took up to 40% of the CPU for minutes
+(`benchmarks/cpu_steal.py`). `--check-peers` runs each
 peer's minimal script (`benchmarks/grpo_minimal.py`: the peer's own defaults, the same work) right
 beside its arm in every round and exits 1 when an arm's median of paired round ratios is more than 10%
 slower than its script's (`peer_check`). In a worker: start-up (imports, model load, trainer
@@ -419,6 +422,7 @@ def merge_rounds(system: str, beta: float, rounds: list[dict], settings: Setting
                                    default=None),
                load_average_1min=[r["load_average_1min"] for r in rounds],
                cpu_busy_before=[r.get("cpu_busy_before") for r in rounds],
+               cpu_steal=[r.get("cpu_steal") for r in rounds],
                omp_wait_policy=[r.get("omp_wait_policy") for r in rounds])
     if "median_stage_s" in rounds[0]:
         rec["median_stage_s"] = {k: statistics.median(r["median_stage_s"][k] for r in rounds)
@@ -493,6 +497,18 @@ WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX
                    "XLA_PYTHON_CLIENT_PREALLOCATE", "JAXRL_HIER_KEEP_XLA_CPU_SCHEDULER")
 
 
+def run_timed_worker(cmd: list[str], env: dict, cooldown_s: float) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run one worker after waiting (up to `cooldown_s`) for the hypervisor to stop stealing this VM's
+    CPUs, and measure the steal it met while it ran (`jaxrl_hier.bench.steal_fraction`: the slow
+    "second" phases of earlier runs met 20-40% steal)."""
+    from jaxrl_hier.bench import cpu_ticks, steal_fraction, wait_until_unthrottled
+
+    waited, before_share = wait_until_unthrottled(cooldown_s) if cooldown_s > 0 else (0.0, None)
+    before = cpu_ticks()
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    return proc, {"cooldown_s": waited, "steal_before": before_share, "cpu_steal": steal_fraction(before, cpu_ticks())}
+
+
 def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, workdir: Path,
                round_: int = 0) -> dict | None:
     result_path = workdir / f"{system}-{beta}-{round_}.json"
@@ -508,7 +524,7 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     print(f"[round {round_ + 1}/{args.rounds}: {system} beta={beta}] running (CPU busy {busy:.0%} before; "
           f"OMP_WAIT_POLICY {policy or 'unset'}) ...", flush=True)
     env = worker_env(args.threads, system, args.platform, policy)
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True)
+    proc, steal = run_timed_worker(cmd, env, args.cooldown_s)
     if proc.returncode != 0 or not result_path.exists():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         raise RuntimeError(f"{system} beta={beta} failed (exit {proc.returncode}):\n{tail}")
@@ -516,11 +532,12 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
     if "skipped" in rec:
         print(f"[{system} beta={beta}] skipped: {rec['skipped']}", flush=True)
         return None
-    rec = summarize(system, beta, dict(rec, cpu_busy_before=busy, omp_wait_policy=policy,
+    rec = summarize(system, beta, dict(rec, cpu_busy_before=busy, omp_wait_policy=policy, **steal,
                                        worker_env={k: env.get(k) for k in WORKER_ENV_KEYS}), args.settings)
     device_peak = f", device peak {rec['peak_device_mib']:.0f} MiB" if rec.get("peak_device_mib") else ""
     print(f"[round {round_ + 1}: {system} beta={beta}] median {rec['median_step_s']:.3f}s (min {rec['min_step_s']:.3f}, max "
-          f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s), {rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
+          f"{rec['max_step_s']:.3f}; CPU {rec['median_step_cpu_s']:.3f}s; steal {fraction(rec['cpu_steal'])}), "
+          f"{rec['completion_tokens_per_s']:.0f} tok/s, peak RSS "
           f"{rec['peak_rss_mib']:.0f} MiB{device_peak}, start-up {rec['startup_s']:.1f}s, first step "
           f"{rec['warmup_step_s'][0] if rec['warmup_step_s'] else float('nan'):.1f}s", flush=True)
     return rec
@@ -536,7 +553,7 @@ def run_minimal(peer: str, beta: float, ckpt_dir: Path, args: argparse.Namespace
     busy = cpu_busy_fraction(1.0)
     print(f"[round {round_ + 1}/{args.rounds}: {peer} minimal script beta={beta}] running (CPU busy {busy:.0%} "
           f"before; OMP_WAIT_POLICY {USER_ENV.get('OMP_WAIT_POLICY', 'unset')}) ...", flush=True)
-    proc = subprocess.run(cmd, env=dict(USER_ENV), cwd=REPO, capture_output=True, text=True)
+    proc, steal = run_timed_worker(cmd, dict(USER_ENV), args.cooldown_s)
     from benchmarks.grpo_minimal import MARKER
 
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
@@ -549,7 +566,7 @@ def run_minimal(peer: str, beta: float, ckpt_dir: Path, args: argparse.Namespace
         raise RuntimeError(f"{peer} minimal script: {rec['completions']} completions of lengths "
                            f"{rec['completion_lengths']}, expected {expected} of {args.settings.new_tokens}")
     rec.update(median_step_s=statistics.median(rec["step_s"]), cpu_busy_before=busy,
-               omp_wait_policy=USER_ENV.get("OMP_WAIT_POLICY"))
+               omp_wait_policy=USER_ENV.get("OMP_WAIT_POLICY"), **steal)
     print(f"[round {round_ + 1}: {peer} minimal script beta={beta}] median {rec['median_step_s']:.3f}s", flush=True)
     return rec
 
@@ -568,19 +585,28 @@ def peer_check(arm_round_s: list[float], minimal_round_s: list[float], tolerance
                 round_ratios=ratios, ratio=ratio, tolerance=tolerance, ok=ratio <= 1.0 + tolerance)
 
 
+def fraction(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def steal_cell(shares: list | None) -> str:
+    """The hypervisor's steal while each round's worker ran, as percentages ("-" for older results)."""
+    return ", ".join(f"{100 * x:.0f}" if x is not None else "n/a" for x in shares) if shares else "-"
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     gpu = any(r.get("peak_device_mib") is not None for r in result["records"])
     lines = ["| system | beta | median step s | min s | max s | CPU s per step | completion tokens/s | peak RSS MiB | "
-             + ("peak device MiB | " if gpu else "") + "start-up s | first step s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|"]
+             + ("peak device MiB | " if gpu else "") + "start-up s | first step s | steal % (rounds) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gpu else "") + "---:|---:|---:|"]
     for r in result["records"]:
         first = f"{r['warmup_step_s'][0]:.1f}" if r["warmup_step_s"] else ""
         peak = r.get("peak_device_mib")
         device = (f"{peak:.0f} | " if peak is not None else "- | ") if gpu else ""
         lines.append(f"| {r['system']} | {r['beta']:g} | {r['median_step_s']:.3f} | {r['min_step_s']:.3f} | "
                      f"{r['max_step_s']:.3f} | {r['median_step_cpu_s']:.3f} | {r['completion_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
-                     f"{device}{r['startup_s']:.1f} | {first} |")
+                     f"{device}{r['startup_s']:.1f} | {first} | {steal_cell(r.get('cpu_steal'))} |")
     if result.get("speedups"):
         lines += ["", "| ours vs | beta | times faster (pooled medians) | lowest round | highest round |",
                   "|---|---:|---:|---:|---:|"]
@@ -659,6 +685,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--omp-wait-policy", choices=OMP_WAIT_POLICIES, default="auto",
                    help="OMP_WAIT_POLICY of the workers (torch's threads): auto = PASSIVE when other jobs keep "
                         "the CPU busy, else torch's default; an OMP_WAIT_POLICY in the environment wins")
+    p.add_argument("--cooldown-s", type=float, default=60.0,
+                   help="before each worker, wait up to this long for the hypervisor to stop stealing CPU time "
+                        "(under 5%% in a 1-s probe); each worker's steal is recorded either way (0: no wait)")
     p.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -675,6 +704,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                           "step compiles and is never timed.")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}.")
+    if args.cooldown_s < 0:
+        raise ConfigError(f"--cooldown-s must be >= 0 (0: no wait), got {args.cooldown_s}.")
     if any(b < 0 for b in args.betas) or len(set(args.betas)) != len(args.betas):
         raise ConfigError(f"--betas must be distinct and non-negative, got {args.betas}.")
     if args.check_peers and not set(args.systems) & set(PEERS):

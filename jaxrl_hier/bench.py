@@ -30,25 +30,61 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_ticks() -> tuple[int, int, int] | None:
+    """(total, idle, steal) clock ticks of all the CPUs since boot, from /proc/stat's first line (idle
+    counts iowait; steal is the time the hypervisor ran something else while this VM wanted the CPU).
+    None where /proc/stat is missing."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    steal = fields[7] if len(fields) > 7 else 0
+    return sum(fields[:8]), idle, steal  # user nice system idle iowait irq softirq steal (guest is in user)
+
+
 def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     """The fraction of all the CPUs' time spent busy (not idle, not waiting on I/O) over the next `seconds`,
     from /proc/stat; call it while this process sleeps, so what it measures is the other jobs' load.
     None where /proc/stat is missing."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields[:8]), idle  # user nice system idle iowait irq softirq steal (guest is in user)
-
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-    except OSError:
+    before = cpu_ticks()
+    time.sleep(seconds)
+    after = cpu_ticks()
+    if before is None or after is None:
         return None
-    total = total1 - total0
-    return 0.0 if total <= 0 else 1.0 - (idle1 - idle0) / total
+    total = after[0] - before[0]
+    return 0.0 if total <= 0 else 1.0 - (after[1] - before[1]) / total
+
+
+def steal_fraction(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float | None:
+    """The share of the CPUs' time between two `cpu_ticks()` readings that the hypervisor took (steal).
+
+    On this project's 2-core VM, sustained load is throttled by the host: a 1024^3 matmul ran at 155-167
+    GFLOP/s for 20 s, fell to 85 as steal rose, and a fresh process started right after ran at 82 with
+    40% of the time stolen; after 30 s idle, 176 with none (`benchmarks/cpu_steal.py`). So a benchmark
+    arm that runs right after another can be slowed by the machine, not by itself."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return (after[2] - before[2]) / (after[0] - before[0])
+
+
+def wait_until_unthrottled(max_wait_s: float, threshold: float = 0.05, probe_s: float = 1.0) -> tuple[float, float | None]:
+    """Sleep in `probe_s` probes until the hypervisor steals under `threshold` of the (idle) CPUs' time,
+    or `max_wait_s` has passed: (seconds waited, the last probe's steal share). An idle VM that is still
+    throttled shows steal only when something runs, so each probe spins one thread briefly."""
+    start = time.perf_counter()
+    share = None
+    while True:
+        before = cpu_ticks()
+        end = time.perf_counter() + probe_s
+        while time.perf_counter() < end:  # keep one core busy, so a throttled host shows it as steal
+            pass
+        share = steal_fraction(before, cpu_ticks())
+        waited = time.perf_counter() - start
+        if share is None or share < threshold or waited >= max_wait_s:
+            return waited, share
+        time.sleep(probe_s)
 
 
 def device_info() -> dict:

@@ -39,6 +39,28 @@ def test_speedups_are_ratios_of_pooled_medians_with_the_per_round_range():
 def test_bad_rounds_exit_2(capsys):
     assert bench.main(["--rounds", "0", "--systems", "ours", "--out", "/nonexistent-never-written"]) == 2
     assert "--rounds must be at least 1" in capsys.readouterr().err
+    assert bench.main(["--cooldown-s", "-1", "--systems", "ours", "--out", "/nonexistent-never-written"]) == 2
+    assert "--cooldown-s must be >= 0" in capsys.readouterr().err
+
+
+def test_each_rounds_steal_is_kept_and_shown(monkeypatch):
+    """The hypervisor's steal while each worker ran (jaxrl_hier.bench.steal_fraction) reaches the record
+    and the table, so a slow round can be told from a slow system."""
+    from dataclasses import asdict
+
+    rounds = [dict(run_record([0.1]), cpu_steal=0.02), dict(run_record([0.3]), cpu_steal=0.38)]
+    rec = bench.merge_rounds("ours", 0.0, rounds, bench.Settings())
+    assert rec["cpu_steal"] == [0.02, 0.38]
+    md = bench.markdown(dict(settings=asdict(bench.Settings()), records=[rec], speedups=[], rounds=2, steps=1,
+                             warmup=1, device={"device": "cpu:cpu", "cpu_count": 2}, notes="", model={}))
+    assert "steal % (rounds) |" in md and md.splitlines()[2].endswith("| 2, 38 |")
+    # a worker waits for the steal to fall before it starts, and measures it while it runs
+    ticks = iter([(0, 0, 0), (100, 0, 30), (200, 0, 30), (300, 0, 31), (300, 0, 31), (400, 0, 41)])
+    monkeypatch.setattr("jaxrl_hier.bench.cpu_ticks", lambda: next(ticks))
+    monkeypatch.setattr("jaxrl_hier.bench.time.sleep", lambda s: None)
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: "done")
+    proc, steal = bench.run_timed_worker(["true"], {}, cooldown_s=60)
+    assert proc == "done" and steal["steal_before"] == pytest.approx(0.01) and steal["cpu_steal"] == pytest.approx(0.1)
 
 
 def test_preset_vocabulary_beyond_the_tokenizer_is_suppressed_and_the_config_has_the_preset_shape():
