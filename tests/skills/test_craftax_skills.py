@@ -25,6 +25,7 @@ TINY = {"max_parallel_skills": 1, "max_experts": 2, "updates_per_round": 1, "min
 TINY_PPO = {"num_envs": 4, "num_steps": 4, "num_minibatches": 1, "update_epochs": 1, "hidden_size": 16, "num_layers": 1}
 
 
+@pytest.mark.slow  # 85 s on 2 cores: three Craftax programs
 def test_craftax_classic_skill_round_and_composed_agent_at_a_tiny_size():
     values = yaml.safe_load((ROOT / "configs" / "skills_craftax_classic_gpu.yaml").read_text())
     config = skills_config_from_dict({**values, **TINY, "ppo": {**values["ppo"], **TINY_PPO}})
