@@ -31,14 +31,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Files holding an end-to-end (`slow`) test first, in their own order: under `--dist loadfile`
-    the two workers take whole files in collection order, and a three-minute file taken last keeps one
-    worker busy while the other idles (longest jobs first packs the two workers tighter)."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
-
-
 def pytest_sessionfinish(session, exitstatus):
     if _CACHE_DIR is not None:
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
