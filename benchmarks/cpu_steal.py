@@ -56,8 +56,8 @@ def phase(name: str, seconds: float) -> dict:
                           env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=True)
     rates = json.loads(proc.stdout.strip().splitlines()[-1])
     share = steal_fraction(before, cpu_ticks())
-    print(f"{name}: matmul GFLOP/s per window {[round(r) for r in rates]}, steal {share:.0%} of the CPUs' time",
-          flush=True)
+    stolen = "unknown (no /proc/stat)" if share is None else f"{share:.0%} of the CPUs' time"
+    print(f"{name}: matmul GFLOP/s per window {[round(r) for r in rates]}, steal {stolen}", flush=True)
     return {"phase": name, "seconds": seconds, "gflop_per_s": rates, "steal_fraction": share}
 
 
@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "cpu_steal.json", result)
     rows = ["| phase | seconds | 1024^3 matmul GFLOP/s per 5 s window | steal (% of CPU time) |", "|---|---:|---|---:|"]
+    percent = lambda x: "n/a" if x is None else f"{100 * x:.0f}"  # noqa: E731  (None: no /proc/stat)
     rows += [f"| {r['phase']} | {r['seconds']:g} | {', '.join(f'{g:.0f}' for g in r['gflop_per_s'])} | "
-             f"{100 * (r['steal_fraction'] or 0):.0f} |" for r in phases]
+             f"{percent(r['steal_fraction'])} |" for r in phases]
     atomic_write_text(args.out / "cpu_steal.md", "\n".join(rows) + f"\n\n{args.idle_s:g} s of sleep before after_idle.\n")
     return 0
 

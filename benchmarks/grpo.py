@@ -499,8 +499,8 @@ WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX
 
 def run_timed_worker(cmd: list[str], env: dict, cooldown_s: float) -> tuple[subprocess.CompletedProcess, dict]:
     """Run one worker after waiting (up to `cooldown_s`) for the hypervisor to stop stealing this VM's
-    CPUs, and measure the steal it met while it ran (`jaxrl_hier.bench.steal_fraction`: the slow
-    "second" phases of earlier runs met 20-40% steal)."""
+    CPUs, and measure the steal it met while it ran (`jaxrl_hier.bench.steal_fraction`: on this VM
+    other tenants took up to 40% of the CPU time, `benchmarks/cpu_steal.py`)."""
     from jaxrl_hier.bench import cpu_ticks, steal_fraction, wait_until_unthrottled
 
     waited, before_share = wait_until_unthrottled(cooldown_s) if cooldown_s > 0 else (0.0, None)

@@ -60,19 +60,19 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
 def steal_fraction(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float | None:
     """The share of the CPUs' time between two `cpu_ticks()` readings that the hypervisor took (steal).
 
-    On this project's 2-core VM, sustained load is throttled by the host: a 1024^3 matmul ran at 155-167
-    GFLOP/s for 20 s, fell to 85 as steal rose, and a fresh process started right after ran at 82 with
-    40% of the time stolen; after 30 s idle, 176 with none (`benchmarks/cpu_steal.py`). So a benchmark
-    arm that runs right after another can be slowed by the machine, not by itself."""
+    On this project's 2-core VM the host's other tenants took up to 40% of the CPU time for minutes: a
+    1024^3 matmul fell from 167 to 82 GFLOP/s while 39% was stolen, and ran at 176 with 2% stolen half a
+    minute later; in another run the steal came in other phases (`benchmarks/cpu_steal.py`). So a
+    benchmark arm can be slowed by the machine, not by itself."""
     if before is None or after is None or after[0] <= before[0]:
         return None
     return (after[2] - before[2]) / (after[0] - before[0])
 
 
 def wait_until_unthrottled(max_wait_s: float, threshold: float = 0.05, probe_s: float = 1.0) -> tuple[float, float | None]:
-    """Sleep in `probe_s` probes until the hypervisor steals under `threshold` of the (idle) CPUs' time,
-    or `max_wait_s` has passed: (seconds waited, the last probe's steal share). An idle VM that is still
-    throttled shows steal only when something runs, so each probe spins one thread briefly."""
+    """Probe every other `probe_s` until the hypervisor steals under `threshold` of the CPUs' time, or
+    `max_wait_s` has passed: (seconds waited, the last probe's steal share). A VM shows steal only while
+    it runs something, so each probe spins one thread for `probe_s`."""
     start = time.perf_counter()
     share = None
     while True:
