@@ -7,8 +7,12 @@
 #   bash benchmarks/device/skills_vs_ppo_gpu.sh OUT WALL_S [key=value ...]
 #
 # OUT receives skills_vs_ppo.{json,md,png}, skills_run.tgz (the run directory without its
-# checkpoints and experts) and versions.txt. Packages the GPU machine lacks travel as wheels in
-# .whl/ (the device tool's README); CONFIG= picks another skills config.
+# checkpoints and experts), xla_cache.tgz (every program the lease compiled: JAX's persistent
+# cache, runs.compile_cache) and versions.txt. Packages the GPU machine lacks travel as wheels in
+# .whl/ (the device tool's README); CONFIG= picks another skills config. XLA_CACHE_IN= names an
+# xla_cache.tgz an earlier lease brought back (carried in an ignored folder): on the same kind of
+# GPU and the same jax, the skills run, flat PPO and the evaluations load their programs instead of
+# compiling them (about a minute each on an H200).
 set -uo pipefail
 out=$1 wall=$2
 shift 2
@@ -18,10 +22,18 @@ mkdir -p "$out"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 work=$(mktemp -d)
-timeout $((wall + 330)) python3 benchmarks/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
+# One persistent compilation cache for the skills run (a subprocess), flat PPO and the evaluations.
+export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
+mkdir -p "$JAX_COMPILATION_CACHE_DIR"
+if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
+  tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
+fi
+# POST_S: the time left after the skills run for flat PPO and the evaluations (H200: about 4 minutes)
+timeout $((wall + ${POST_S:-330})) python3 benchmarks/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
   --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"
 rc=$?
 cp "$work"/skills_vs_ppo.* "$out"/ 2>/dev/null
-tar czf "$out/skills_run.tgz" --exclude=checkpoints --exclude=expert -C "$work" skills_seed0
+tar czf "$out/skills_run.tgz" --exclude=checkpoints --exclude=expert --exclude=xla_cache -C "$work" skills_seed0
+tar czf "$out/xla_cache.tgz" -C "$JAX_COMPILATION_CACHE_DIR" . && echo "xla cache out: $(du -sh "$out/xla_cache.tgz")"
 echo "skills_vs_ppo exit code $rc"
 exit $rc
