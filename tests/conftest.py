@@ -31,6 +31,16 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Files holding an end-to-end (`slow`) test first, each group in its own order. The two workers
+    take whole files (`--dist loadfile`) in collection order (`--no-loadscope-reorder`; by default
+    xdist sorts files by their number of tests, which put the few-test, three-minute end-to-end
+    files last, one worker busy with them while the other idled): longest jobs first packs the two
+    workers tighter."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _CACHE_DIR is not None:
         shutil.rmtree(_CACHE_DIR, ignore_errors=True)
