@@ -41,8 +41,8 @@ SKILLS = ["-m", "jaxrl_hier.skills", "run", "--config", "configs/skills_techtree
 PPO = ["-m", "jaxrl_hier.train", "--config", "configs/ppo_techtree.yaml", "--no-progress", "num_seeds=3",
        "num_envs=8", "num_steps=8", "num_minibatches=2", "update_epochs=1", "hidden_size=16", "total_timesteps=64",
        "log_every=1", "checkpoint_every=0"]
-GRPO = ["-m", "jaxrl_hier.train", "--config", "configs/grpo_arithmetic.yaml", "--no-progress", "sft_steps=1",
-        "sft_warmup_steps=0", "total_steps=1", "prompts_per_step=2", "num_generations=2", "eval_every=0",
+GRPO = ["-m", "jaxrl_hier.train", "--config", "configs/grpo_arithmetic.yaml", "--no-progress", "sft.steps=1",
+        "sft.warmup_steps=0", "total_steps=1", "prompts_per_step=2", "num_generations=2", "eval_every=0",
         "eval_problems=8", "checkpoint_every=0", "model_hidden_size=32", "model_intermediate_size=64"]
 PGTS = ["-m", "jaxrl_hier.train", "--config", "configs/pgts_arithmetic.yaml", "--no-progress", "sft.steps=1",
         "sft.warmup_steps=0", "rm_sft_steps=1", "rm_steps=1", "rm_problems=8", "rm_samples=1",

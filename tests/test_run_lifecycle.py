@@ -25,7 +25,7 @@ RUNS = {
                  total_timesteps=256), "checkpoints", "log_every=1"),
     "sft": ("jaxrl_hier.llm_rl.config:GRPOConfig",
             dict(task_operators="+", task_digits=1, task_steps=1, max_prompt_length=6, max_new_tokens=8,
-                 sft_steps=4, sft_batch_size=8, **LLM), "sft/checkpoints", "keep_checkpoints=5"),
+                 sft={"steps": 4, "batch_size": 8}, **LLM), "sft/checkpoints", "keep_checkpoints=5"),
     "grpo": ("jaxrl_hier.llm_rl.config:GRPOConfig",
              dict(task_operators="+", task_digits=1, task_steps=1, max_prompt_length=6, max_new_tokens=8,
                   total_steps=2, prompts_per_step=2, num_generations=2, **LLM), "checkpoints", "keep_checkpoints=5"),

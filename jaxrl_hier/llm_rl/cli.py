@@ -61,7 +61,7 @@ def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:
             refuse_longer(problems, prompt_lengths(tokenizer, [p.prompt for p in problems]),
                            config.max_prompt_length, f"{split} prompts (BOS included)", "max_prompt_length")
     # the targets serve the warm-start only, which trains on the train split
-    if config.sft_steps and pools["train"]:
+    if config.sft.steps and pools["train"]:
         train = pools["train"]
         refuse_longer(train, completion_lengths(tokenizer, [p.target for p in train]), config.max_new_tokens,
                        "train targets (solution + answer line + EOS)", "max_new_tokens")
@@ -98,8 +98,8 @@ def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
     """The `grpo` entry of jaxrl_hier.train.ALGORITHMS (contract in that module)."""
     config = config_from_args(GRPOConfig, raw_config, args).resolved()
-    if algorithm == "sft" and config.sft_steps < 1:
-        raise ConfigError("algorithm: sft needs sft_steps >= 1.")
+    if algorithm == "sft" and config.sft.steps < 1:
+        raise ConfigError("algorithm: sft needs sft.steps >= 1.")
     if args.resume:
         out = args.output_dir
         saved_raw = dict(load_saved_config(GRPOConfig, out).__dict__)
@@ -130,7 +130,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     config_file.checked()
     t0 = time.perf_counter()
     sft_info: dict = {}
-    if config.sft_steps:
+    if config.sft.steps:
         lm, sft_info = run_sft_stage(config.sft_stage(), args, out, lm, tokenizer, task, mesh, config_file)
     if algorithm == "sft":
         return 0

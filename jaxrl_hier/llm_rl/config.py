@@ -9,8 +9,8 @@ explicitly wins. The saved `config.yaml` holds the resolved values.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
 from jaxrl_hier.config import ConfigError
 
@@ -31,8 +31,9 @@ ROUND_STRIDE = 97
 
 @dataclass(frozen=True)
 class SFTSection:
-    """The `sft:` section of a config that nests its warm-start (PGTS, the guided agent): the settings
-    the user chooses; the stage's other inputs (lengths, seed, logging) come from the run's config."""
+    """The `sft:` section of a config that nests its warm-start (GRPO, PGTS, the guided agent): the
+    settings the user chooses; the stage's other inputs (lengths, seed, logging) come from the run's
+    config."""
 
     steps: int = 300  # 0: no warm-start
     batch_size: int = 64
@@ -54,6 +55,22 @@ class SFTSection:
 #: the flat keys the nested `sft:` section replaced, for the message an old config gets
 SFT_MOVED_KEYS = {f"sft_{k}": f"sft.{k}" for k in ("steps", "batch_size", "learning_rate", "warmup_steps",
                                                    "checkpoint_every")}
+
+
+@dataclass(frozen=True)
+class GRPOSFTSection(SFTSection):
+    """GRPO's `sft:` section: the warm-start before GRPO is off unless asked for (`steps: 0`), and
+    `lora: true` trains the run's LoRA adapter alone (needs `lora_rank > 0`)."""
+
+    steps: int = 0
+    learning_rate: float = 1e-3
+    warmup_steps: int = 20
+    lora: bool = False
+
+    @classmethod
+    def of(cls, section: SFTSection) -> "GRPOSFTSection":
+        """A PGTS or guided `sft:` section as GRPO's (the adapter is not trained alone there)."""
+        return cls(**dataclasses.asdict(section))
 
 
 @dataclass(frozen=True)
@@ -106,13 +123,8 @@ class GRPOConfig:
     mesh_fsdp: int = -1
     mesh_tensor: int = 1
 
-    # ---- supervised warm-start (0 steps = none)
-    sft_steps: int = 0
-    sft_batch_size: int = 64
-    sft_learning_rate: float = 1e-3
-    sft_warmup_steps: int = 20
-    sft_lora: bool = False  # SFT the adapter only (needs lora_rank > 0)
-    sft_checkpoint_every: int = 100
+    # ---- supervised warm-start (`sft:`; 0 steps = none)
+    sft: GRPOSFTSection = field(default_factory=GRPOSFTSection)
 
     # ---- GRPO
     total_steps: int = 50
@@ -166,17 +178,21 @@ class GRPOConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
 
+    #: the flat keys the nested `sft:` section replaced (an old config gets a message naming the new key)
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, "sft_lora": "sft.lora"}
+
     @property
     def batch_size(self) -> int:
         return self.prompts_per_step * self.num_generations
 
     def sft_stage(self) -> SFTStageConfig:
-        """The warm-start's settings (with `sft_lora` the stage trains the run's LoRA adapter)."""
-        return SFTStageConfig(steps=self.sft_steps, batch_size=self.sft_batch_size, learning_rate=self.sft_learning_rate,
-                              warmup_steps=self.sft_warmup_steps, max_prompt_length=self.max_prompt_length,
+        """The warm-start's settings (with `sft.lora` the stage trains the run's LoRA adapter)."""
+        sft = self.sft
+        return SFTStageConfig(steps=sft.steps, batch_size=sft.batch_size, learning_rate=sft.learning_rate,
+                              warmup_steps=sft.warmup_steps, max_prompt_length=self.max_prompt_length,
                               max_new_tokens=self.max_new_tokens, seed=self.seed, eval_problems=self.eval_problems,
-                              log_every=self.log_every, checkpoint_every=self.sft_checkpoint_every,
-                              keep_checkpoints=self.keep_checkpoints, lora_rank=self.lora_rank if self.sft_lora else 0,
+                              log_every=self.log_every, checkpoint_every=sft.checkpoint_every,
+                              keep_checkpoints=self.keep_checkpoints, lora_rank=self.lora_rank if sft.lora else 0,
                               lora_alpha=self.lora_alpha, lora_targets=tuple(self.lora_targets),
                               suppress_tokens=tuple(self.suppress_tokens))
 
@@ -198,7 +214,7 @@ class GRPOConfig:
                     raise ConfigError(f"'{n}' must be >= 1, got {getattr(self, n)}.")
 
         positive("total_steps", "prompts_per_step", "max_prompt_length", "max_new_tokens", "num_iterations",
-                 "eval_problems", "log_every", "sft_batch_size", "model_hidden_size", "model_layers", "model_heads",
+                 "eval_problems", "log_every", "model_hidden_size", "model_layers", "model_heads",
                  "model_kv_heads", "model_intermediate_size", "max_sampling_rounds", "keep_checkpoints")
         if self.num_generations < 2:
             raise ConfigError(f"num_generations must be >= 2 (a group needs two completions to compare), "
@@ -216,10 +232,10 @@ class GRPOConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
         if self.top_k is not None and self.top_k < 1:
             raise ConfigError(f"top_k must be >= 1, got {self.top_k}.")
-        for n in ("sft_steps", "sft_checkpoint_every", "warmup_steps", "eval_every", "checkpoint_every", "sample_log_count", "lora_rank"):
+        for n in ("warmup_steps", "eval_every", "checkpoint_every", "sample_log_count", "lora_rank"):
             if getattr(self, n) < 0:
                 raise ConfigError(f"'{n}' must be >= 0, got {getattr(self, n)}.")
-        for n in ("learning_rate", "sft_learning_rate", "eps_low"):
+        for n in ("learning_rate", "eps_low"):
             if getattr(self, n) <= 0:
                 raise ConfigError(f"'{n}' must be > 0, got {getattr(self, n)}.")
         if self.beta is not None and self.beta < 0:
@@ -238,8 +254,8 @@ class GRPOConfig:
                               f"draw the next step's problems; got {self.max_sampling_rounds}.")
         if self.placement == "split" and self.fused_step:
             raise ConfigError("fused_step: true runs on one set of devices; it cannot be combined with placement: split.")
-        if self.sft_lora and self.lora_rank == 0:
-            raise ConfigError("sft_lora: true needs lora_rank > 0.")
+        if self.sft.lora and self.lora_rank == 0:
+            raise ConfigError("sft.lora: true needs lora_rank > 0.")
         if self.model_heads % self.model_kv_heads:
             raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if self.task == "gsm8k" and not self.task_path:
@@ -250,4 +266,4 @@ class GRPOConfig:
             raise ConfigError("reward_correct, reward_format and overlong_penalty must be >= 0.")
 
 
-__all__ = ["SFTSection", "SFT_MOVED_KEYS", "GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]
+__all__ = ["SFTSection", "GRPOSFTSection", "SFT_MOVED_KEYS", "GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]

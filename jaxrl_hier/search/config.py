@@ -174,16 +174,14 @@ class PGTSConfig:
 
     def sft_config(self):
         """The GRPOConfig the shared SFT stage and model set-up (jaxrl_hier.llm_rl) read."""
-        from jaxrl_hier.llm_rl.config import GRPOConfig
+        from jaxrl_hier.llm_rl.config import GRPOConfig, GRPOSFTSection
 
         return GRPOConfig(seed=self.seed, task="arithmetic", task_operators=self.task_operators,
                           task_digits=self.task_digits, task_steps=self.task_steps, task_worked=True,
                           model_path=self.model_path, model_hidden_size=self.model_hidden_size,
                           model_layers=self.model_layers, model_heads=self.model_heads,
                           model_kv_heads=self.model_kv_heads, model_intermediate_size=self.model_intermediate_size,
-                          dtype=self.dtype, sft_steps=self.sft.steps, sft_batch_size=self.sft.batch_size,
-                          sft_learning_rate=self.sft.learning_rate, sft_warmup_steps=self.sft.warmup_steps,
-                          sft_checkpoint_every=self.sft.checkpoint_every, max_prompt_length=self.max_prompt_length,
+                          dtype=self.dtype, sft=GRPOSFTSection.of(self.sft), max_prompt_length=self.max_prompt_length,
                           max_new_tokens=self.cot_max_tokens, eval_problems=self.eval_problems,
                           log_every=self.log_every, keep_checkpoints=self.keep_checkpoints).resolved()
 

@@ -15,7 +15,7 @@ from jaxrl_hier.train import main
 
 TINY = dict(algorithm="grpo", task="arithmetic", task_operators="+", task_digits=1, task_steps=1,
             model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64,
-            sft_steps=6, sft_batch_size=16, sft_checkpoint_every=3, max_prompt_length=6, max_new_tokens=8,
+            sft=dict(steps=6, batch_size=16, checkpoint_every=3), max_prompt_length=6, max_new_tokens=8,
             total_steps=4, prompts_per_step=4, num_generations=4, eval_every=2, eval_problems=8,
             checkpoint_every=2, sample_log_count=2, beta=0.0, learning_rate=3e-3)
 
@@ -51,6 +51,9 @@ def test_evaluation_problems_are_distinct_and_logged(capsys):
     ("micro_batch_size=3", "micro_batch_size=3 must divide"),
     ("micro_batch_size=2", "splits a prompt's group of num_generations=4"),
     ("max_sampling_rounds=97", "max_sampling_rounds must be in [1, 96]"),
+    ("sft_steps=3", "'sft_steps' in the command-line overrides is now 'sft.steps'"),  # the old flat key
+    ("sft.lora=true", "sft.lora: true needs lora_rank > 0"),
+    ("sft.batch_size=0", "section 'sft': 'batch_size' must be a positive integer"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"
@@ -95,7 +98,7 @@ def test_every_problem_of_a_finite_pool_is_checked(tmp_path, capsys):
     the length to raise max_prompt_length to (a sample of 80 missed it); with an SFT stage, so does
     one target too long, which would otherwise lose its answer line and EOS."""
     from jaxrl_hier.llm_rl.cli import check_inputs
-    from jaxrl_hier.llm_rl.config import GRPOConfig
+    from jaxrl_hier.llm_rl.config import GRPOConfig, GRPOSFTSection
     from jaxrl_hier.tasks import build_char_tokenizer, make_task
 
     data = write_gsm8k(tmp_path / "q.jsonl", 300, long_question=True)
@@ -109,14 +112,15 @@ def test_every_problem_of_a_finite_pool_is_checked(tmp_path, capsys):
     assert not out.exists()
 
     tok = build_char_tokenizer()
-    config = GRPOConfig(task="gsm8k", task_path="-", max_prompt_length=11, max_new_tokens=8, sft_steps=1)
+    config = GRPOConfig(task="gsm8k", task_path="-", max_prompt_length=11, max_new_tokens=8,
+                        sft=GRPOSFTSection(steps=1))
     data = write_gsm8k(tmp_path / "a.jsonl", 250, long_answer=True)
     task = make_task("gsm8k", path=str(data))
     with pytest.raises(ConfigError, match=re.escape(f"1 of {task.size('train')} train targets (solution + answer "
                                                     f"line + EOS) are longer than max_new_tokens=8; the longest "
                                                     f"({data}:250) has 13 tokens: raise max_new_tokens to 13.")):
         check_inputs(config, task, tok)
-    check_inputs(dataclasses.replace(config, sft_steps=0), task, tok)  # targets serve the SFT stage only
+    check_inputs(dataclasses.replace(config, sft=GRPOSFTSection(steps=0)), task, tok)  # targets serve the SFT stage only
 
 
 @pytest.mark.parametrize("algorithm, stage", [("grpo", "checkpoints"), ("sft", "sft/checkpoints")])
@@ -134,7 +138,7 @@ def test_refused_restore_leaves_config_yaml_unchanged(tmp_path, capsys, algorith
     out = tmp_path / "run"
     raw = {k: v for k, v in TINY.items() if k != "algorithm"}
     if algorithm == "grpo":
-        raw["sft_steps"] = 0  # the run is in its GRPO stage from the start
+        raw["sft"] = {**raw["sft"], "steps": 0}  # the run is in its GRPO stage from the start
     save_run_config(out / "config.yaml", algorithm, build_dataclass(GRPOConfig, raw).resolved())
     ckpt = Checkpointer(out / stage, asynchronous=False)
     ckpt.save(2, {"x": np.zeros(2, np.float32)}, {"stage": "another run"})
@@ -196,7 +200,7 @@ def test_resume_before_first_checkpoint_keeps_one_step_0_row(tmp_path):
 
     out = tmp_path / "run"
     raw = {k: v for k, v in TINY.items() if k != "algorithm"}
-    raw.update(sft_steps=0, total_steps=2, sample_log_count=0)
+    raw.update(sft={**raw["sft"], "steps": 0}, total_steps=2, sample_log_count=0)
     save_run_config(out / "config.yaml", "grpo", build_dataclass(GRPOConfig, raw).resolved())
     logged = {"update": 0, "step": 0, "eval/accuracy": 0.3, "eval/format": 0.7}  # not k / 8: no evaluation of 8 gives it
     (out / "metrics.jsonl").write_text(json.dumps(logged) + "\n")
