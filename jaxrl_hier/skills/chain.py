@@ -24,7 +24,6 @@ composed agent then plays.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -152,8 +151,7 @@ class ChainTuner:
 
         self.config = config
         comp, self.plan = build_composition(skill_env, library, experts, target)
-        ppo = dataclasses.replace(config.ppo_config(), num_seeds=1, lr=config.chain_lr,
-                                  total_timesteps=max(config.chain_timesteps, config.steps_per_update))
+        ppo = config.chain_ppo_config()
         self.env = ChainEnv(skill_env)
         self.params = ChainParams(base_params, comp.plan, comp.needs)
         self.policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation,

@@ -87,6 +87,10 @@ class SkillsConfig:
     # trained together from fresh worlds on the chain's progress for this many env steps (0: off).
     chain_timesteps: int = 0
     chain_lr: float = 3e-4
+    # PPO epochs per chain update (0: the ppo section's). TechTree seed 0: 2 epochs took 1.25 s a
+    # chunk against 4 epochs' 2.13 s, and mined the diamond in 0.79 of 256 validation worlds, as 4 did
+    # (docs/skills.md, "Chain fine-tuning").
+    chain_update_epochs: int = 0
     # The chain's expert dispatch. Every expert trains there, so `mask` pays every expert's backward
     # pass on every row; `gather` runs only the routed one. On this 2-core CPU a TechTree chunk of 8
     # experts took 2.12 s with gather, 2.57 s with mask, while in the skill rounds (one trainable
@@ -130,6 +134,9 @@ class SkillsConfig:
             raise ConfigError(f"'chain_timesteps' must be >= 0 (0: no chain fine-tuning), got {self.chain_timesteps}.")
         if self.chain_lr <= 0:
             raise ConfigError(f"'chain_lr' must be positive, got {self.chain_lr}.")
+        if self.chain_update_epochs < 0:
+            raise ConfigError(f"'chain_update_epochs' must be >= 0 (0: the ppo section's), got "
+                              f"{self.chain_update_epochs}.")
         if self.max_rounds < 0:
             raise ConfigError(f"'max_rounds' must be >= 0 (0: no limit), got {self.max_rounds}.")
         if self.max_wall_s < 0:
@@ -171,6 +178,14 @@ class SkillsConfig:
         steps = values.get("num_envs", PPOConfig.num_envs) * values.get("num_steps", PPOConfig.num_steps)
         values["total_timesteps"] = max(self.skill_timesteps, steps)
         return build_dataclass(PPOConfig, values, source="skills config section 'ppo'")
+
+    def chain_ppo_config(self):
+        """The chain fine-tuning's PPOConfig (skills.chain): the skills' PPO settings, one seed, at
+        `chain_lr` and `chain_update_epochs`, for `chain_timesteps` env steps."""
+        ppo = self.ppo_config()
+        return dataclasses.replace(ppo, num_seeds=1, lr=self.chain_lr,
+                                   update_epochs=self.chain_update_epochs or ppo.update_epochs,
+                                   total_timesteps=max(self.chain_timesteps, ppo.num_envs * ppo.num_steps))
 
     @property
     def steps_per_update(self) -> int:

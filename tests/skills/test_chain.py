@@ -67,6 +67,17 @@ def tuned(out, plan):
     return load_chain(out, plan, like)
 
 
+def test_the_chain_trains_with_its_own_lr_and_update_epochs():
+    """The chain's PPO: the skills' settings, one seed, at chain_lr, with chain_update_epochs
+    (0: the ppo section's epochs) and a budget of chain_timesteps."""
+    base = config(**TINY).chain_ppo_config()
+    assert (base.num_seeds, base.lr, base.update_epochs, base.total_timesteps) == (1, 1e-3, 1, 192)
+    assert (base.num_envs, base.num_steps, base.hidden_size) == (8, 4, 8)
+    tuned = config(**{**TINY, "chain_update_epochs": 3}).chain_ppo_config()
+    assert tuned.update_epochs == 3 and tuned.lr == 1e-3
+    assert config(**TINY).ppo_config().update_epochs == 1  # the skills' own PPO is untouched
+
+
 def test_progress_reward_routing_and_end_at_the_target():
     cfg = config(**TINY)
     lib = techtree_library()
