@@ -87,9 +87,9 @@ class SkillsConfig:
     # trained together from fresh worlds on the chain's progress for this many env steps (0: off).
     chain_timesteps: int = 0
     chain_lr: float = 3e-4
-    # PPO epochs per chain update (0: the ppo section's). TechTree seed 0: 2 epochs took 1.25 s a
-    # chunk against 4 epochs' 2.13 s, and mined the diamond in 0.79 of 256 validation worlds, as 4 did
-    # (docs/skills.md, "Chain fine-tuning").
+    # PPO epochs per chain update (0: the ppo section's). On TechTree 2 epochs instead of 4 halve the
+    # chain's time (1.2-1.3 s a chunk against 2.13 s) but lower the diamond on validation worlds from
+    # 0.83 to 0.79 (mean of seeds 0-2; docs/skills.md, "Chain fine-tuning"), so the config keeps 4.
     chain_update_epochs: int = 0
     # The chain's expert dispatch. Every expert trains there, so `mask` pays every expert's backward
     # pass on every row; `gather` runs only the routed one. On this 2-core CPU a TechTree chunk of 8
