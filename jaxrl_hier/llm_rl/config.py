@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from jaxrl_hier.config import ConfigError
 
@@ -51,6 +51,16 @@ class SFTSection:
         if not self.learning_rate > 0:
             raise ConfigError(f"'learning_rate' must be > 0, got {self.learning_rate}.")
 
+    def stage_config(self, *, max_prompt_length: int, max_new_tokens: int, seed: int, eval_problems: int,
+                     log_every: int, keep_checkpoints: int, **adapter: Any) -> "SFTStageConfig":
+        """The warm-start stage's settings: this section's, plus the lengths, seed and logging the run's
+        own config gives (and `adapter`: LoRA rank, alpha, targets and suppressed tokens, where set)."""
+        return SFTStageConfig(steps=self.steps, batch_size=self.batch_size, learning_rate=self.learning_rate,
+                              warmup_steps=self.warmup_steps, checkpoint_every=self.checkpoint_every,
+                              max_prompt_length=max_prompt_length, max_new_tokens=max_new_tokens, seed=seed,
+                              eval_problems=eval_problems, log_every=log_every, keep_checkpoints=keep_checkpoints,
+                              **adapter)
+
 
 #: the flat keys the nested `sft:` section replaced, for the message an old config gets
 SFT_MOVED_KEYS = {f"sft_{k}": f"sft.{k}" for k in ("steps", "batch_size", "learning_rate", "warmup_steps",
@@ -75,9 +85,9 @@ class GRPOSFTSection(SFTSection):
 
 @dataclass(frozen=True)
 class SFTStageConfig:
-    """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else: GRPO
-    builds it from its config (`GRPOConfig.sft_stage()`), PGTS through that, the guided agent from
-    its own keys (`guided_cli`)."""
+    """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else: Every
+    run's `sft:` section builds it (`SFTSection.stage_config`) with the lengths, seed and logging of
+    its run: GRPO's in `GRPOConfig.sft_stage()` (PGTS through that), the guided agent's in `guided_cli`."""
 
     steps: int
     batch_size: int
@@ -187,14 +197,11 @@ class GRPOConfig:
 
     def sft_stage(self) -> SFTStageConfig:
         """The warm-start's settings (with `sft.lora` the stage trains the run's LoRA adapter)."""
-        sft = self.sft
-        return SFTStageConfig(steps=sft.steps, batch_size=sft.batch_size, learning_rate=sft.learning_rate,
-                              warmup_steps=sft.warmup_steps, max_prompt_length=self.max_prompt_length,
-                              max_new_tokens=self.max_new_tokens, seed=self.seed, eval_problems=self.eval_problems,
-                              log_every=self.log_every, checkpoint_every=sft.checkpoint_every,
-                              keep_checkpoints=self.keep_checkpoints, lora_rank=self.lora_rank if sft.lora else 0,
-                              lora_alpha=self.lora_alpha, lora_targets=tuple(self.lora_targets),
-                              suppress_tokens=tuple(self.suppress_tokens))
+        return self.sft.stage_config(max_prompt_length=self.max_prompt_length, max_new_tokens=self.max_new_tokens,
+                                     seed=self.seed, eval_problems=self.eval_problems, log_every=self.log_every,
+                                     keep_checkpoints=self.keep_checkpoints,
+                                     lora_rank=self.lora_rank if self.sft.lora else 0, lora_alpha=self.lora_alpha,
+                                     lora_targets=tuple(self.lora_targets), suppress_tokens=tuple(self.suppress_tokens))
 
     def resolved(self) -> "GRPOConfig":
         """The config with every variant-implied None filled in (see VARIANT_DEFAULTS)."""

@@ -61,11 +61,9 @@ def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
 def _sft_settings(config: GuidedConfig, state_len: int) -> SFTStageConfig:
     """The warm-start: full fine-tuning of the backbone on [S] states (no adapter). Its greedy check
     decodes unfiltered; the guided trainer's own evaluation suppresses the special tokens (guided.py)."""
-    return SFTStageConfig(steps=config.sft.steps, batch_size=config.sft.batch_size,
-                          learning_rate=config.sft.learning_rate, warmup_steps=config.sft.warmup_steps,
-                          max_prompt_length=state_len, max_new_tokens=config.max_new_tokens, seed=config.seed,
-                          eval_problems=config.eval_episodes, log_every=config.log_every,
-                          checkpoint_every=config.sft.checkpoint_every, keep_checkpoints=config.keep_checkpoints)
+    return config.sft.stage_config(max_prompt_length=state_len, max_new_tokens=config.max_new_tokens,
+                                   seed=config.seed, eval_problems=config.eval_episodes, log_every=config.log_every,
+                                   keep_checkpoints=config.keep_checkpoints)
 
 
 def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
