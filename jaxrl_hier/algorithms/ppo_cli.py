@@ -21,11 +21,12 @@ import argparse
 import importlib.util
 import math
 import time
+from typing import Any
 
 from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, train_chunk
 from jaxrl_hier.config import ConfigError, config_from_args, to_dict
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             refuse_existing_run, resolve_output_dir, sync_processes,
                              use_compilation_cache)
 
 # PPOConfig keys a resume may change: they touch logging, outputs and checkpoint retention only,
@@ -93,24 +94,21 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"no checkpoint in {output_dir}/checkpoints yet: starting from scratch")
         writer = run.log(output_dir, tensorboard=config.tensorboard, wandb=config.wandb,
                          wandb_project=config.wandb_project, config=to_dict(config))
-        update = start
-        compile_s = None
-        with progress_bar(args, total * steps_per_update, start * steps_per_update, config.env) as progress:
-            while update < total:
-                n = min(config.log_every, total - update)
-                runner, rec, elapsed = train_chunk(trainer, runner, n)
-                if compile_s is None:
-                    compile_s = elapsed
-                update += n
-                rec.update(update=update, env_steps=update * steps_per_update, fps=n * steps_per_update / elapsed,
-                           time_s=time.perf_counter() - t0)
-                writer.write(rec)
-                if progress is not None:
-                    progress.update(n * steps_per_update)
-                    ret = rec.get("episode_return")
-                    progress.set_postfix(fps=f"{rec['fps']:.0f}",
-                                         ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
-                run.save_if_due(update, runner)
+        chunk_s: list[float] = []  # the first chunk's time includes its compile
+
+        def step(runner: Any, done: int) -> tuple[Any, int, dict]:
+            n = min(config.log_every, total - done)
+            runner, rec, elapsed = train_chunk(trainer, runner, n)
+            chunk_s.append(elapsed)
+            update = done + n
+            rec.update(update=update, env_steps=update * steps_per_update, fps=n * steps_per_update / elapsed,
+                       time_s=time.perf_counter() - t0)
+            writer.write(rec)
+            ret = rec.get("episode_return")
+            return runner, n, dict(fps=f"{rec['fps']:.0f}",
+                                   ret="n/a" if ret is None or math.isnan(ret) else f"{ret:.2f}")
+
+        runner, update = run.run_steps(args, runner, total=total, desc=config.env, step=step, unit=steps_per_update)
 
     if not primary:
         return 0
@@ -122,8 +120,9 @@ def run_ppo(args: argparse.Namespace, raw_config: dict) -> int:
         write_episode_gif(trainer, runner, output_dir / "episode.gif", max_steps=config.eval_max_steps)
     first = next((r["episode_return"] for r in records if r.get("episode_return") is not None), None)
     last = next((r["episode_return"] for r in reversed(records) if r.get("episode_return") is not None), None)
+    compile_s = chunk_s[0] if chunk_s else 0.0
     log(f"done: {update} updates, {update * steps_per_update} env steps in {time.perf_counter() - t0:.1f}s "
-        f"(first compile {compile_s or 0:.1f}s); episode return {first} -> {last}; outputs in {output_dir}")
+        f"(first compile {compile_s:.1f}s); episode return {first} -> {last}; outputs in {output_dir}")
     return 0
 
 

@@ -29,7 +29,7 @@ from jaxrl_hier.llm_rl.config import GRPOConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
 from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             refuse_existing_run, resolve_output_dir, sync_processes,
                              use_compilation_cache)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
@@ -152,28 +152,25 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             ev = trainer.evaluate(state, test)
             writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"],
                           "eval/problems": len(test)})
-        with progress_bar(args, config.total_steps, start, config.loss_type) as progress:
-            step = start
-            while step < config.total_steps:
-                state, metrics, samples = trainer.step(state)
-                step += 1
-                if metrics.get("update_skipped"):
-                    log(f"step {step}: no completion token in the loss (every group dropped or filtered); "
-                        "the optimiser update was skipped")
-                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-                if config.eval_every and (step % config.eval_every == 0 or step == config.total_steps):
-                    ev = trainer.evaluate(state, test)
-                    rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
-                if step % config.log_every == 0 or "eval/accuracy" in rec:
-                    writer.write(rec)
-                if config.sample_log_count and step % config.log_every == 0:
-                    for s in _sample_records(step, samples, tokenizer, config.sample_log_count, config,
-                                             trainer.rewards):
-                        samples_writer.write(s)
-                if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
-                run.save_if_due(step, state)
+
+        def step(state: Any, done: int) -> tuple[Any, int, dict]:
+            state, metrics, samples = trainer.step(state)
+            i = done + 1  # this step's number
+            if metrics.get("update_skipped"):
+                log(f"step {i}: no completion token in the loss (every group dropped or filtered); "
+                    "the optimiser update was skipped")
+            rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
+            if config.eval_every and (i % config.eval_every == 0 or i == config.total_steps):
+                ev = trainer.evaluate(state, test)
+                rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
+            if i % config.log_every == 0 or "eval/accuracy" in rec:
+                writer.write(rec)
+            if config.sample_log_count and i % config.log_every == 0:
+                for s in _sample_records(i, samples, tokenizer, config.sample_log_count, config, trainer.rewards):
+                    samples_writer.write(s)
+            return state, 1, dict(reward=f"{metrics['reward']:.2f}", acc=f"{metrics.get('accuracy', 0):.2f}")
+
+        state, _ = run.run_steps(args, state, total=config.total_steps, desc=config.loss_type, step=step)
     params, adapter = trainer.params_and_lora(state)
     if primary:
         final = merge_lora(params, adapter)

@@ -29,7 +29,7 @@ from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, sync_processes,
+                             refuse_existing_run, resolve_output_dir, sync_processes,
                              use_compilation_cache)
 
 #: keys a resume may change: logging, evaluation and retention only, never what is learned
@@ -168,25 +168,23 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             ev, _ = agent.evaluate(state, test())
             writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()},
                           "eval/episodes": len(test())})
-        with progress_bar(args, config.iterations, start, f"guided-{config.env}") as progress:
-            step = start
-            while step < config.iterations:
-                state, metrics, episodes = agent.iteration(state)
-                step += 1
-                rec = {"update": step, "step": step, "time_s": time.perf_counter() - t0, **metrics}
-                if config.eval_every and (step % config.eval_every == 0 or step == config.iterations):
-                    ev, _ = agent.evaluate(state, test())
-                    rec.update({f"eval/{k}": v for k, v in ev.items()})
-                if step % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
-                    writer.write(rec)
-                if config.sample_log_count and step % config.log_every == 0:
-                    for ep in episodes[:config.sample_log_count]:
-                        samples_writer.write({"update": step, "step": step, **env.record(ep)})
-                if progress is not None:
-                    progress.update(1)
-                    shown = ("train/turn2_accuracy", "train/turns")
-                    progress.set_postfix({k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics})
-                run.save_if_due(step, state)
+
+        def step(state: Any, done: int) -> tuple[Any, int, dict]:
+            state, metrics, episodes = agent.iteration(state)
+            i = done + 1  # this iteration's number
+            rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
+            if config.eval_every and (i % config.eval_every == 0 or i == config.iterations):
+                ev, _ = agent.evaluate(state, test())
+                rec.update({f"eval/{k}": v for k, v in ev.items()})
+            if i % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
+                writer.write(rec)
+            if config.sample_log_count and i % config.log_every == 0:
+                for ep in episodes[:config.sample_log_count]:
+                    samples_writer.write({"update": i, "step": i, **env.record(ep)})
+            shown = ("train/turn2_accuracy", "train/turns")
+            return state, 1, {k.split("/")[1]: f"{metrics[k]:.2f}" for k in shown if k in metrics}
+
+        state, _ = run.run_steps(args, state, total=config.iterations, desc=f"guided-{config.env}", step=step)
     if primary:
         for name, directory in (("actor", "model"), ("guidance", "guidance_model")):
             if name in state.policy:

@@ -17,7 +17,7 @@ from typing import Any
 
 from jaxrl_hier.llm_rl.config import SFTStageConfig
 from jaxrl_hier.llm_rl.data import evaluation_problems
-from jaxrl_hier.runs import ResumableRun, RunConfigFile, is_primary, log, progress_bar, seal_stage, stage_summary
+from jaxrl_hier.runs import ResumableRun, RunConfigFile, is_primary, log, seal_stage, stage_summary
 
 
 def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, lm: Any, tokenizer: Any, task: Any,
@@ -54,25 +54,26 @@ def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, l
         writer = run.log(stage)
         # targets cut to max_new_tokens since the last record (a record covers log_every steps), and in all;
         # logged at the first only, as a long-tailed file would cut some at every step
-        truncated = total_truncated = 0
-        with progress_bar(args, config.steps, start, "sft") as progress:
-            for step in range(start + 1, config.steps + 1):
-                state, metrics = sft.train_step(state, step - 1)
-                if metrics["truncated_targets"] and not total_truncated:
-                    log(f"SFT step {step}: {metrics['truncated_targets']} of {config.batch_size} targets are "
-                        f"longer than max_new_tokens={config.max_new_tokens} and lose their end (answer line, "
-                        "EOS); metrics.jsonl counts them as truncated_targets. Raise max_new_tokens.")
-                truncated += metrics["truncated_targets"]
-                total_truncated += metrics["truncated_targets"]
-                if step % config.log_every == 0 or step == config.steps:
-                    rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    rec["truncated_targets"], truncated = float(truncated), 0
-                    writer.write({"update": step, "step": step, "time_s": time.perf_counter() - t0, **rec})
-                    if progress is not None:
-                        progress.set_postfix(loss=f"{rec['loss']:.3f}")
-                if progress is not None:
-                    progress.update(1)
-                run.save_if_due(step, state)  # the end is saved as the stage's model, not as a checkpoint
+        truncated = {"since_record": 0, "total": 0}
+
+        def step(state: Any, done: int) -> tuple[Any, int, dict | None]:
+            state, metrics = sft.train_step(state, done)
+            i = done + 1  # this step's number
+            if metrics["truncated_targets"] and not truncated["total"]:
+                log(f"SFT step {i}: {metrics['truncated_targets']} of {config.batch_size} targets are "
+                    f"longer than max_new_tokens={config.max_new_tokens} and lose their end (answer line, "
+                    "EOS); metrics.jsonl counts them as truncated_targets. Raise max_new_tokens.")
+            truncated["since_record"] += metrics["truncated_targets"]
+            truncated["total"] += metrics["truncated_targets"]
+            if i % config.log_every and i != config.steps:
+                return state, 1, None
+            rec = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            rec["truncated_targets"], truncated["since_record"] = float(truncated["since_record"]), 0
+            writer.write({"update": i, "step": i, "time_s": time.perf_counter() - t0, **rec})
+            return state, 1, dict(loss=f"{rec['loss']:.3f}")
+
+        # the end is saved as the stage's model, not as a checkpoint (total=None above)
+        state, _ = run.run_steps(args, state, total=config.steps, desc="sft", step=step)
     params, adapter = sft.params_and_lora(state)
     params = merge_lora(params, adapter)
     test = evaluation_problems(task, config.eval_problems, config.seed)
@@ -87,7 +88,7 @@ def run_sft_stage(config: SFTStageConfig, args: argparse.Namespace, out: Path, l
     info = {"steps": config.steps, "eval_accuracy": ev["accuracy"], "eval_format": ev["format"],
             "eval_problems": len(test), "time_s": time.perf_counter() - t0}
     seal_stage(stage, info)
-    cut = f"; {total_truncated} targets cut to max_new_tokens={config.max_new_tokens}" if total_truncated else ""
+    cut = f"; {truncated['total']} targets cut to max_new_tokens={config.max_new_tokens}" if truncated["total"] else ""
     log(f"SFT done: {config.steps} steps in {info['time_s']:.0f}s, held-out accuracy {ev['accuracy']:.3f}{cut}")
     return lm, info
 

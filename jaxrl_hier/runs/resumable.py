@@ -7,10 +7,12 @@ PPO stage).
         writer = run.log(out)                  # metrics.jsonl cut back to the restored step
         if run.first_row_due(writer):          # not logged before a kill preceding the first checkpoint
             writer.write({"update": 0, **evaluate(state)})
-        for step in range(start + 1, total + 1):
+        def step(state, done):                 # the chunk after step `done`: run it, log it
             state, metrics = ...
-            writer.write({"update": step, **metrics})
-            run.save_if_due(step, state)       # every `every` steps and at `total`
+            writer.write({"update": done + 1, **metrics})
+            return state, 1, {"loss": ...}     # steps taken, the progress bar's postfix
+        state, end = run.run_steps(args, state, total=total, desc="sft", step=step)
+        # checkpointed every `every` steps and at `total`; the bar is closed whatever happens
 
 Rows logged after the latest checkpoint are replayed on resume, so `log` drops them first (rows
 carry their step as `update`); a step is logged before it is checkpointed, so no row is lost.
@@ -23,9 +25,14 @@ of another run's shapes) has changed no file of the run; the run's config.yaml (
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+import argparse
+from typing import Any, Callable, Mapping
 
 from jaxrl_hier.runs.directory import RunConfigFile
+from jaxrl_hier.runs.progress import progress_bar
+
+#: a stage's step: (state, steps done so far) -> (state, steps it took, the progress bar's postfix or None)
+Step = Callable[[Any, int], "tuple[Any, int, Mapping[str, Any] | None]"]
 
 
 class ResumableRun:
@@ -82,6 +89,24 @@ class ResumableRun:
     def save_if_due(self, step: int, state: Any) -> None:
         if self.due(step):
             self.ckpt.save(step, state, self.meta)
+
+    def run_steps(self, args: argparse.Namespace, state: Any, *, total: int, desc: str, step: Step,
+                  unit: int = 1) -> tuple[Any, int]:
+        """The loop between the restore and the end, the same for every trainer: `step` goes on from
+        the steps done so far (the restored step at first) and logs what it did; the state is
+        checkpointed whenever `due`; the progress bar (`unit` of its ticks a step: env steps for PPO)
+        is closed whatever happens. Returns (state, the last step)."""
+        done = self.start
+        with progress_bar(args, total * unit, done * unit, desc) as progress:
+            while done < total:
+                state, n, postfix = step(state, done)
+                done += n
+                if progress is not None:
+                    progress.update(n * unit)
+                    if postfix:
+                        progress.set_postfix(postfix)
+                self.save_if_due(done, state)
+        return state, done
 
     def close(self) -> None:
         """Wait for the last save and close the logs (also after an error: what was saved stays)."""

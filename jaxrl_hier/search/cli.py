@@ -31,7 +31,7 @@ from typing import Any
 
 from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
-                             progress_bar, refuse_existing_run, resolve_output_dir, run_params_stage, seal_stage,
+                             refuse_existing_run, resolve_output_dir, run_params_stage, seal_stage,
                              stage_summary, sync_processes, use_compilation_cache)
 from jaxrl_hier.search.config import PGTS_RESUME_SAFE_KEYS, PGTSConfig
 
@@ -451,7 +451,7 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
         trees = trees_path.read_text().split("\n\n=== ") if trees_path.is_file() else []
         trees = [t for t in trees if t.strip() and _tree_update(t) <= last_kept]
 
-        def evaluate(update: int, rec: dict) -> None:
+        def evaluate(update: int, rec: dict, runner: Any) -> None:
             states, row = run_search(search, net(runner), test_params, len(test), seed=config.seed)
             rec.update({"eval/accuracy": row["accuracy"], "eval/tokens": row["tokens"], "eval/nodes": row["nodes"],
                         "eval/actions": row["actions"]})
@@ -463,27 +463,25 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
 
         if evaluate_first:
             rec = {"update": 0}
-            evaluate(0, rec)
+            evaluate(0, rec, runner)
             writer.write(rec)
         steps_per_update = ppo_cfg.steps_per_update
-        with progress_bar(args, total, start, "pgts ppo") as progress:
-            update = start
-            t0 = time.perf_counter()
-            while update < total:
-                n = min(config.log_every, total - update)
-                runner, rec, elapsed = train_chunk(trainer, runner, n)
-                update += n
-                rec.update(update=update, env_steps=update * steps_per_update,
-                           search_steps_per_s=n * steps_per_update / elapsed, time_s=time.perf_counter() - t0)
-                if (config.eval_every and update % config.eval_every == 0) or update == total:
-                    evaluate(update, rec)
-                writer.write(rec)
-                if progress is not None:
-                    progress.update(n)
-                    acc = rec.get("achievement/correct")
-                    progress.set_postfix(ret=f"{rec.get('episode_return', float('nan')):.2f}",
-                                         acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
-                run.save_if_due(update, runner)
+        t0 = time.perf_counter()
+
+        def step(runner: Any, done: int) -> tuple[Any, int, dict]:
+            n = min(config.log_every, total - done)
+            runner, rec, elapsed = train_chunk(trainer, runner, n)
+            update = done + n
+            rec.update(update=update, env_steps=update * steps_per_update,
+                       search_steps_per_s=n * steps_per_update / elapsed, time_s=time.perf_counter() - t0)
+            if (config.eval_every and update % config.eval_every == 0) or update == total:
+                evaluate(update, rec, runner)
+            writer.write(rec)
+            acc = rec.get("achievement/correct")
+            return runner, n, dict(ret=f"{rec.get('episode_return', float('nan')):.2f}",
+                                   acc="n/a" if acc is None or np.isnan(acc) else f"{acc:.2f}")
+
+        runner, _ = run.run_steps(args, runner, total=total, desc="pgts ppo", step=step)
     if primary:
         plot_pgts_curve(read_jsonl(out / "metrics.jsonl"), out / "learning_curve.png", "PGTS PPO on arithmetic")
     return search, net(runner), None if start_params is None else {"params": start_params}
