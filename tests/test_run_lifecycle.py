@@ -3,15 +3,18 @@ GRPO, the guided agent, PGTS; `jaxrl_hier.runs`), at tiny sizes:
 
 - a fresh run into a directory that holds a run is refused (exit 2), the directory untouched;
 - a resume whose checkpoint is refused (one of another run, in the stage the run would go on from)
-  exits 2 and leaves every file of the run byte-identical, though it asks for a logging-only change.
-
-The replay windows (a kill after a metrics row and before its checkpoint, a kill before the first
-checkpoint) need training and are tested per family where a run is already trained: PPO
-(test_checkpoint_resume), GRPO and SFT (llm_rl/test_cli), guided (llm_rl/test_guided), PGTS
-(search/test_pgts_cli), skills (skills/test_scheduler, skills/test_chain)."""
+  exits 2 and leaves every file of the run byte-identical, though it asks for a logging-only change;
+- the kill windows replay to the same numbers (tests/kill_windows.py): a kill after a metrics row and
+  before its checkpoint, and a kill before the first checkpoint (no row written twice). A tiny run
+  of PPO, SFT and GRPO is trained here; the guided agent's and PGTS's windows are replayed on the
+  runs their end-to-end tests already train (llm_rl/test_guided.py, search/test_pgts_cli.py), as
+  those are the suite's dearest. (The skills scheduler, not a `train` algorithm, has its own:
+  skills/test_scheduler, skills/test_chain.)"""
 
 import numpy as np
 import pytest
+
+from kill_windows import assert_kill_windows_replay
 
 from jaxrl_hier.config import build_dataclass
 from jaxrl_hier.runs import save_run_config
@@ -81,3 +84,22 @@ def test_a_refused_restore_leaves_every_file_byte_identical(tmp_path, capsys, al
     err = capsys.readouterr().err
     assert "does not match this run" in err, err
     assert _files(out) == before
+
+
+#: algorithm: (overrides that make a tiny run of two checkpointed steps, the stage, what seals it)
+TRAINED = {
+    "ppo": (["total_timesteps=64", "log_every=1", "checkpoint_every=1"], ".", ()),
+    "sft": (["sft.steps=2", "sft.checkpoint_every=1"], "sft", ("DONE", "model")),
+    "grpo": (["checkpoint_every=1", "eval_every=1", "eval_problems=4"], ".", ()),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", sorted(TRAINED))
+def test_kill_windows_replay_to_the_same_numbers(tmp_path, algorithm):
+    overrides, stage, seal = TRAINED[algorithm]
+    config, out = tmp_path / "config.yaml", tmp_path / "run"
+    save_run_config(config, algorithm, _config(algorithm))
+    assert main(["--config", str(config), "--output-dir", str(out), "--no-progress", *overrides]) == 0
+    assert_kill_windows_replay(out / stage, lambda: main(["--resume", "--output-dir", str(out), "--no-progress"]),
+                               seal=seal)

@@ -189,22 +189,3 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     assert_rows_match(resumed, recs, ("reward", "loss", "eval/accuracy", "completion_length"))
     # the warm-start records how many targets it truncated (none here: check_inputs saw them all fit)
     assert [r["truncated_targets"] for r in records(full / "sft" / "metrics.jsonl")] == [0.0] * 6
-
-
-def test_resume_before_first_checkpoint_keeps_one_step_0_row(tmp_path):
-    """A run killed after its step-0 evaluation but before its first checkpoint restarts at step 0
-    and keeps the row it logged there; the resume evaluates step 0 only when that row is missing."""
-    from jaxrl_hier.config import build_dataclass
-    from jaxrl_hier.llm_rl.config import GRPOConfig
-    from jaxrl_hier.runs import save_run_config
-
-    out = tmp_path / "run"
-    raw = {k: v for k, v in TINY.items() if k != "algorithm"}
-    raw.update(sft={**raw["sft"], "steps": 0}, total_steps=2, sample_log_count=0)
-    save_run_config(out / "config.yaml", "grpo", build_dataclass(GRPOConfig, raw).resolved())
-    logged = {"update": 0, "step": 0, "eval/accuracy": 0.3, "eval/format": 0.7}  # not k / 8: no evaluation of 8 gives it
-    (out / "metrics.jsonl").write_text(json.dumps(logged) + "\n")
-    assert main(["--resume", "--output-dir", str(out), "--no-progress"]) == 0
-    rows = records(out / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2]
-    assert rows[0] == logged

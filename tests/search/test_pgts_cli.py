@@ -4,9 +4,9 @@ with --resume finds every stage complete, and one after a kill inside the PPO st
 checkpoint lost, or all of them) continues that stage exactly."""
 
 import json
-import shutil
 
 import pytest
+from kill_windows import assert_kill_windows_replay
 
 from jaxrl_hier import train
 
@@ -109,27 +109,11 @@ def test_pipeline_end_to_end(tmp_path, capsys):
     assert "evaluation stage already complete" in err and "imitation stage already complete" in err
     assert (out / "eval/results.json").read_text() == before
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
-    # A kill in the PPO stage after update 2 was logged but before its checkpoint was written: --resume
-    # restores update 1, drops the logged row 2 and replays update 2 to the same numbers.
-    shutil.rmtree(out / "checkpoints" / "2")
-    capsys.readouterr()
-    assert train.main(args + ["--resume"]) == 0
-    assert "PGTS PPO resumed at update 1" in capsys.readouterr().err
-    replayed = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    volatile = ("time_s", "search_steps_per_s")
-    assert [{k: v for k, v in r.items() if k not in volatile} for r in replayed] == \
-        [{k: v for k, v in r.items() if k not in volatile} for r in records]
-    assert (out / "trees.txt").read_text() == trees
-    # A kill in the PPO stage before its first checkpoint, after its update-0 evaluation was logged:
-    # --resume starts the stage over and logs neither that row nor its tree twice (trees.txt still
-    # holds the later trees too, which the stage must drop and write again).
-    shutil.rmtree(out / "checkpoints")
-    (out / "metrics.jsonl").write_text((out / "metrics.jsonl").read_text().splitlines()[0] + "\n")
-    assert train.main(args + ["--resume"]) == 0
-    restarted = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [{k: v for k, v in r.items() if k not in volatile} for r in restarted] == \
-        [{k: v for k, v in r.items() if k not in volatile} for r in records]
-    assert (out / "trees.txt").read_text() == trees
+    # The kill windows of the PPO stage (tests/kill_windows.py): after update 2 was logged but before
+    # its checkpoint (--resume restores update 1 and replays 2), and before the first checkpoint after
+    # the update-0 evaluation was logged (--resume starts the stage over, logs neither that row nor its
+    # tree twice: trees.txt still holds the later trees too, which the stage must drop and write again).
+    assert_kill_windows_replay(out, lambda: train.main(args + ["--resume"]), files=("trees.txt",))
     # A kill between the imitation stage's checkpoint and its DONE: --resume redoes that stage over the
     # orphaned checkpoint, to the same result (the classifier reward model's: test_pgts_reward_model_bench.py).
     stage = out / "imitation"
