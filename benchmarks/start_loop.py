@@ -43,7 +43,7 @@ PPO = ["-m", "jaxrl_hier.train", "--config", "configs/ppo_techtree.yaml", "--no-
        "log_every=1", "checkpoint_every=0"]
 GRPO = ["-m", "jaxrl_hier.train", "--config", "configs/grpo_arithmetic.yaml", "--no-progress", "sft.steps=1",
         "sft.warmup_steps=0", "total_steps=1", "prompts_per_step=2", "num_generations=2", "eval_every=0",
-        "eval_problems=8", "checkpoint_every=0", "model_hidden_size=32", "model_intermediate_size=64"]
+        "eval_problems=8", "checkpoint_every=0", "model.hidden_size=32", "model.intermediate_size=64"]
 PGTS = ["-m", "jaxrl_hier.train", "--config", "configs/pgts_arithmetic.yaml", "--no-progress", "sft.steps=1",
         "sft.warmup_steps=0", "rm_sft_steps=1", "rm_steps=1", "rm_problems=8", "rm_samples=1",
         "rm_eval_problems=8", "imitation_steps=1", "imitation_problems=8", "imitation_batch_size=8",

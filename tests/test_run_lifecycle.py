@@ -20,7 +20,7 @@ from jaxrl_hier.config import build_dataclass
 from jaxrl_hier.runs import save_run_config
 from jaxrl_hier.train import main
 
-LLM = dict(model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64)
+LLM = dict(model=dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64))
 RUNS = {
     # algorithm: (config class path, raw config, the stage directory a resume restores first, a safe change)
     "ppo": ("jaxrl_hier.algorithms.ppo_config:PPOConfig",

@@ -41,7 +41,7 @@ def _task_and_tokenizer(config: GRPOConfig) -> tuple[Any, Any]:
     from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
     from jaxrl_hier.tasks import task_from_config
 
-    return task_from_config(config), policy_tokenizer(config.model_path, "GRPO")
+    return task_from_config(config), policy_tokenizer(config.model.path, "GRPO")
 
 
 def check_inputs(config: GRPOConfig, task: Any, tokenizer: Any) -> None:

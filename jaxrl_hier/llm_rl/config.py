@@ -62,6 +62,35 @@ class SFTSection:
                               **adapter)
 
 
+@dataclass(frozen=True)
+class ModelSection:
+    """The `model:` section of an LLM run (GRPO, PGTS, the guided agent): a local Hugging Face
+    directory (`path`; nothing is downloaded), or, without one, the shape of a tiny Qwen2-shaped
+    decoder built from scratch for the task's character tokenizer; `dtype` either way."""
+
+    path: str | None = None
+    hidden_size: int = 128
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate_size: int = 384
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def validate(self) -> None:
+        for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value < 1:
+                raise ConfigError(f"'{name}' must be an integer >= 1, got {value!r}.")
+        if self.heads % self.kv_heads:
+            raise ConfigError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}.")
+
+
+#: the flat keys the nested `model:` section replaced
+MODEL_MOVED_KEYS = {"model_path": "model.path", "model_hidden_size": "model.hidden_size",
+                    "model_layers": "model.layers", "model_heads": "model.heads", "model_kv_heads": "model.kv_heads",
+                    "model_intermediate_size": "model.intermediate_size", "dtype": "model.dtype"}
+
+
 #: the flat keys the nested `sft:` section replaced, for the message an old config gets
 SFT_MOVED_KEYS = {f"sft_{k}": f"sft.{k}" for k in ("steps", "batch_size", "learning_rate", "warmup_steps",
                                                    "checkpoint_every")}
@@ -119,13 +148,7 @@ class GRPOConfig:
     task_path: str | None = None  # GSM8K-format JSONL (task: gsm8k)
 
     # ---- model: a local Hugging Face directory, or a tiny Qwen2-shaped model built from scratch
-    model_path: str | None = None
-    model_hidden_size: int = 128
-    model_layers: int = 2
-    model_heads: int = 4
-    model_kv_heads: int = 2
-    model_intermediate_size: int = 352
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    model: ModelSection = field(default_factory=lambda: ModelSection(intermediate_size=352))
     lora_rank: int = 0  # 0 = full fine-tuning
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -189,7 +212,7 @@ class GRPOConfig:
     keep_checkpoints: int = 2
 
     #: the flat keys the nested `sft:` section replaced (an old config gets a message naming the new key)
-    MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, "sft_lora": "sft.lora"}
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, **MODEL_MOVED_KEYS, "sft_lora": "sft.lora"}
 
     @property
     def batch_size(self) -> int:
@@ -221,8 +244,7 @@ class GRPOConfig:
                     raise ConfigError(f"'{n}' must be >= 1, got {getattr(self, n)}.")
 
         positive("total_steps", "prompts_per_step", "max_prompt_length", "max_new_tokens", "num_iterations",
-                 "eval_problems", "log_every", "model_hidden_size", "model_layers", "model_heads",
-                 "model_kv_heads", "model_intermediate_size", "max_sampling_rounds", "keep_checkpoints")
+                 "eval_problems", "log_every", "max_sampling_rounds", "keep_checkpoints")
         if self.num_generations < 2:
             raise ConfigError(f"num_generations must be >= 2 (a group needs two completions to compare), "
                               f"got {self.num_generations}.")
@@ -263,8 +285,6 @@ class GRPOConfig:
             raise ConfigError("fused_step: true runs on one set of devices; it cannot be combined with placement: split.")
         if self.sft.lora and self.lora_rank == 0:
             raise ConfigError("sft.lora: true needs lora_rank > 0.")
-        if self.model_heads % self.model_kv_heads:
-            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if self.task == "gsm8k" and not self.task_path:
             raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
@@ -273,4 +293,4 @@ class GRPOConfig:
             raise ConfigError("reward_correct, reward_format and overlong_penalty must be >= 0.")
 
 
-__all__ = ["SFTSection", "GRPOSFTSection", "SFT_MOVED_KEYS", "GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]
+__all__ = ["ModelSection", "MODEL_MOVED_KEYS", "SFTSection", "GRPOSFTSection", "SFT_MOVED_KEYS", "GRPOConfig", "ROUND_STRIDE", "VARIANT_DEFAULTS"]

@@ -103,8 +103,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         refuse_existing_run(out)
         if (out / "sft").exists():
             raise ConfigError(f"{out} already holds an SFT stage (sft/): pass --resume, or choose another --output-dir.")
-    for key in ("model_path", "guidance_model_path"):
-        path = getattr(config, key)
+    for key, path in (("model.path", config.model.path), ("guidance_model_path", config.guidance_model_path)):
         if path is not None and not Path(path).is_dir():
             raise ConfigError(f"{key} {path} is not a local directory (nothing is downloaded).")
     use_compilation_cache(out)  # a resume loads the compiled programs (runs.compile_cache)
@@ -113,7 +112,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     from jaxrl_hier.tasks import build_char_tokenizer
 
     env = make_env(config)
-    tokenizer = build_char_tokenizer() if config.model_path is None else None
+    tokenizer = build_char_tokenizer() if config.model.path is None else None
     if tokenizer is not None:
         check_guided_inputs(config, env, tokenizer)
 
@@ -128,7 +127,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
 
     mesh = build_mesh(config)
     lm, tokenizer = build_policy(config, tokenizer, mesh=mesh)
-    if config.model_path is not None:
+    if config.model.path is not None:
         check_guided_inputs(config, env, tokenizer)
     guidance_lm = None
     if config.guidance_model_path is not None:

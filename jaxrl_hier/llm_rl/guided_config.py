@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm_rl.config import SFT_MOVED_KEYS, SFTSection
+from jaxrl_hier.llm_rl.config import MODEL_MOVED_KEYS, SFT_MOVED_KEYS, ModelSection, SFTSection
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,7 @@ class GuidedConfig:
     max_new_tokens: int = 9       # tokens of an utterance (answer or hint, EOS included)
 
     # ---- the backbone: a local Hugging Face directory, or a tiny Qwen2-shaped model built from scratch
-    model_path: str | None = None
-    model_hidden_size: int = 128
-    model_layers: int = 2
-    model_heads: int = 4
-    model_kv_heads: int = 2
-    model_intermediate_size: int = 384
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    model: ModelSection = field(default_factory=ModelSection)
     mesh_data: int = 1
     mesh_fsdp: int = -1
     mesh_tensor: int = 1
@@ -102,7 +96,7 @@ class GuidedConfig:
     keep_checkpoints: int = 2
 
     #: the flat keys the nested `sft:` section replaced (an old config gets a message naming the new key)
-    MOVED_KEYS: ClassVar[dict[str, str]] = SFT_MOVED_KEYS
+    MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, **MODEL_MOVED_KEYS}
 
     def validate(self) -> None:
         def at_least(low: int, *names: str) -> None:
@@ -112,7 +106,6 @@ class GuidedConfig:
                     raise ConfigError(f"'{n}' must be an integer >= {low}, got {v!r}.")
 
         at_least(1, "iterations", "episodes_per_iteration", "group_size", "critic_steps", "max_prompt_length", "max_new_tokens",
-                 "model_hidden_size", "model_layers", "model_heads", "model_kv_heads", "model_intermediate_size",
                  "lora_rank", "critic_hidden_size", "critic_layers", "critic_heads",
                  "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
                  "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
@@ -154,8 +147,6 @@ class GuidedConfig:
         if self.critic_heads and self.critic_hidden_size % self.critic_heads:
             raise ConfigError(f"critic_hidden_size={self.critic_hidden_size} must be a multiple of "
                               f"critic_heads={self.critic_heads}.")
-        if self.model_heads % self.model_kv_heads:
-            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if self.task == "gsm8k" and not self.task_path:
             raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:

@@ -1,7 +1,7 @@
 """The policy model of an LLM-RL run and its tokenizer: a local Hugging Face checkpoint, or a tiny
 model built from scratch for the character-level tokenizer.
 
-Offline by construction: `model_path` must be a local directory (never a hub id); without it a
+Offline by construction: `model.path` must be a local directory (never a hub id); without it a
 small Qwen2-shaped decoder is initialised at random for the task's character-level tokenizer, the
 way the CPU demos start before their supervised warm-start.
 """
@@ -42,7 +42,7 @@ def policy_tokenizer(model_path: str | None, algorithm: str) -> Any:
     from jaxrl_hier.llm.checkpoint import _load_tokenizer
 
     if not Path(model_path).is_dir():
-        raise ConfigError(f"model_path {model_path} is not a local directory (nothing is downloaded).")
+        raise ConfigError(f"model.path {model_path} is not a local directory (nothing is downloaded).")
     tokenizer = _load_tokenizer(Path(model_path))
     if tokenizer is None:
         raise ConfigError(f"{model_path} holds no tokenizer (tokenizer.json); {algorithm} needs one.")
@@ -55,13 +55,15 @@ def build_mesh(config: Any) -> Any:
 
 def build_policy(config: Any, tokenizer: Any = None, *, mesh: Any = None, model_path: str | Path | None = None
                  ) -> tuple[LanguageModel, Any]:
-    """(model, tokenizer): loaded from `model_path` (or config.model_path), else tiny and random for `tokenizer`."""
-    dtype = jnp.dtype(config.dtype)
-    path = model_path if model_path is not None else config.model_path
+    """(model, tokenizer): loaded from `model_path` (or the `model:` section's path), else tiny and random
+    for `tokenizer` in the section's shape."""
+    model = config.model
+    dtype = jnp.dtype(model.dtype)
+    path = model_path if model_path is not None else model.path
     if path is not None:
         path = Path(path)
         if not path.is_dir():
-            raise ConfigError(f"model_path {path} is not a local directory. Nothing is downloaded: point it at a "
+            raise ConfigError(f"model path {path} is not a local directory. Nothing is downloaded: point it at a "
                               "directory holding config.json and *.safetensors (e.g. one written by save_pretrained).")
         lm = load_pretrained(path, dtype=dtype, mesh=mesh)
         tok = lm.tokenizer if lm.tokenizer is not None else tokenizer
@@ -71,9 +73,8 @@ def build_policy(config: Any, tokenizer: Any = None, *, mesh: Any = None, model_
         return lm, tok
     if tokenizer is None:
         raise ConfigError("a model built from scratch needs a tokenizer.")
-    hf = tiny_qwen2_config(len(tokenizer), hidden_size=config.model_hidden_size, num_layers=config.model_layers,
-                           num_heads=config.model_heads, num_kv_heads=config.model_kv_heads,
-                           intermediate_size=config.model_intermediate_size,
+    hf = tiny_qwen2_config(len(tokenizer), hidden_size=model.hidden_size, num_layers=model.layers,
+                           num_heads=model.heads, num_kv_heads=model.kv_heads, intermediate_size=model.intermediate_size,
                            max_positions=max(512, config.max_prompt_length + config.max_new_tokens),
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                            eos_token_id=tokenizer.eos_token_id)

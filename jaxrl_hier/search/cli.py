@@ -40,7 +40,7 @@ def make_task_and_tokenizer(config: PGTSConfig) -> tuple[Any, Any]:
     from jaxrl_hier.llm_rl.model_setup import policy_tokenizer
     from jaxrl_hier.tasks import task_from_config
 
-    return task_from_config(config, worked=True), policy_tokenizer(config.model_path, "PGTS")
+    return task_from_config(config, worked=True), policy_tokenizer(config.model.path, "PGTS")
 
 
 def load_finished_run(run_dir: Path) -> tuple[PGTSConfig, Any, Any, Any]:

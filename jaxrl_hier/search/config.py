@@ -14,7 +14,7 @@ from typing import ClassVar, Literal
 
 from jaxrl_hier.algorithms.ppo_config import PPOConfig
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.llm_rl.config import SFT_MOVED_KEYS, SFTSection
+from jaxrl_hier.llm_rl.config import MODEL_MOVED_KEYS, SFT_MOVED_KEYS, ModelSection, SFTSection
 
 #: PGTS's search policy: PPO on the search env with the tree network (`search.gps`). `env` and
 #: `network` are PGTS's own; seed, logging and checkpoint keys come from the top level (`ppo_config`).
@@ -36,13 +36,7 @@ class PGTSConfig:
     task_steps: int = 3
 
     # ---- generator: a tiny Qwen2-shaped model trained from scratch by SFT (or a local HF directory)
-    model_path: str | None = None
-    model_hidden_size: int = 128
-    model_layers: int = 2
-    model_heads: int = 4
-    model_kv_heads: int = 2
-    model_intermediate_size: int = 384
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    model: ModelSection = field(default_factory=ModelSection)
     max_prompt_length: int = 10  # BOS + prompt, left-padded
     sft: SFTSection = field(default_factory=SFTSection)  # the generator's warm-start on worked solutions
 
@@ -112,7 +106,7 @@ class PGTSConfig:
 
     #: the flat keys the nested sections replaced (an old config gets a message naming the new key)
     MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **SFT_MOVED_KEYS, "policy_hidden_size": "ppo.hidden_size", "policy_layers": "ppo.num_layers",
+        **SFT_MOVED_KEYS, **MODEL_MOVED_KEYS, "policy_hidden_size": "ppo.hidden_size", "policy_layers": "ppo.num_layers",
         **{k: f"ppo.{k}" for k in ("total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
                                     "lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef")}}
 
@@ -132,8 +126,7 @@ class PGTSConfig:
         return self.ppo.num_updates
 
     def validate(self) -> None:
-        positive = ("task_digits", "task_steps", "model_hidden_size", "model_layers", "model_heads", "model_kv_heads",
-                    "model_intermediate_size", "max_prompt_length", "max_nodes", "max_depth",
+        positive = ("task_digits", "task_steps", "max_prompt_length", "max_nodes", "max_depth",
                     "max_children", "step_tokens", "token_budget", "rm_problems", "rm_samples", "rm_eval_problems",
                     "rm_steps", "rm_batch_size", "rm_sft_steps", "train_problems", "eval_problems",
                     "mcts_simulations", "mcts_children", "log_every", "keep_checkpoints", "imitation_problems",
@@ -163,8 +156,6 @@ class PGTSConfig:
         if self.sibling == "swap" and not self.greedy_first_child:
             raise ConfigError("sibling: swap changes the greedy first child's step at its least-confident token, so "
                               "it needs greedy_first_child: true.")
-        if self.model_heads % self.model_kv_heads:
-            raise ConfigError(f"model_heads={self.model_heads} must be a multiple of model_kv_heads={self.model_kv_heads}.")
         if not self.sc_samples or any(not isinstance(n, int) or n < 1 for n in self.sc_samples):
             raise ConfigError(f"'sc_samples' must be a non-empty list of positive integers, got {self.sc_samples!r}.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
@@ -178,10 +169,7 @@ class PGTSConfig:
 
         return GRPOConfig(seed=self.seed, task="arithmetic", task_operators=self.task_operators,
                           task_digits=self.task_digits, task_steps=self.task_steps, task_worked=True,
-                          model_path=self.model_path, model_hidden_size=self.model_hidden_size,
-                          model_layers=self.model_layers, model_heads=self.model_heads,
-                          model_kv_heads=self.model_kv_heads, model_intermediate_size=self.model_intermediate_size,
-                          dtype=self.dtype, sft=GRPOSFTSection.of(self.sft), max_prompt_length=self.max_prompt_length,
+                          model=self.model, sft=GRPOSFTSection.of(self.sft), max_prompt_length=self.max_prompt_length,
                           max_new_tokens=self.cot_max_tokens, eval_problems=self.eval_problems,
                           log_every=self.log_every, keep_checkpoints=self.keep_checkpoints).resolved()
 

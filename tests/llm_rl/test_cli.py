@@ -14,7 +14,7 @@ from jaxrl_hier.config import ConfigError
 from jaxrl_hier.train import main
 
 TINY = dict(algorithm="grpo", task="arithmetic", task_operators="+", task_digits=1, task_steps=1,
-            model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64,
+            model=dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64),
             sft=dict(steps=6, batch_size=16, checkpoint_every=3), max_prompt_length=6, max_new_tokens=8,
             total_steps=4, prompts_per_step=4, num_generations=4, eval_every=2, eval_problems=8,
             checkpoint_every=2, sample_log_count=2, beta=0.0, learning_rate=3e-3)
@@ -44,7 +44,7 @@ def test_evaluation_problems_are_distinct_and_logged(capsys):
 @pytest.mark.parametrize("override, message", [
     ("num_generations=1", "num_generations must be >= 2"),
     ("num_generatoins=4", "Did you mean 'num_generations'"),
-    ("model_path=/nonexistent/model", "not a local directory"),
+    ("model.path=/nonexistent/model", "not a local directory"),
     ("max_new_tokens=3", "raise max_new_tokens"),
     ("task=gsm8k", "task_path"),
     ("loss_type=ppo", "loss_type"),
@@ -54,6 +54,9 @@ def test_evaluation_problems_are_distinct_and_logged(capsys):
     ("sft_steps=3", "'sft_steps' in the command-line overrides is now 'sft.steps'"),  # the old flat key
     ("sft.lora=true", "sft.lora: true needs lora_rank > 0"),
     ("sft.batch_size=0", "section 'sft': 'batch_size' must be a positive integer"),
+    ("model_layers=2", "'model_layers' in the command-line overrides is now 'model.layers'"),  # the old flat key
+    ("model.kv_heads=3", "section 'model': heads=2 must be a multiple of kv_heads=3"),
+    ("model.hidden_size=0", "section 'model': 'hidden_size' must be an integer >= 1"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"

@@ -10,7 +10,7 @@ import pytest
 
 import jaxrl_hier  # noqa: F401  (XLA CPU flags)
 from jaxrl_hier.llm import LanguageModel
-from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.llm_rl.config import GRPOConfig, ModelSection
 from jaxrl_hier.llm_rl import losses
 from jaxrl_hier.llm_rl.grpo import evaluate_policy, make_train
 from jaxrl_hier.llm_rl.model_setup import build_lora, build_policy
@@ -19,9 +19,9 @@ from jaxrl_hier.llm_rl.sft import SFT, train_sft
 from jaxrl_hier.tasks import build_char_tokenizer, make_task
 from jaxrl_hier.tasks.jax_rewards import decode_completions
 
-BASE = GRPOConfig(task_operators="+", task_digits=1, task_steps=1, model_hidden_size=32, model_layers=1,
-                  model_heads=2, model_kv_heads=1, model_intermediate_size=64, max_prompt_length=6,
-                  max_new_tokens=8, prompts_per_step=8, num_generations=4, learning_rate=3e-3, beta=0.0,
+BASE = GRPOConfig(task_operators="+", task_digits=1, task_steps=1,
+                  model=ModelSection(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64),
+                  max_prompt_length=6, max_new_tokens=8, prompts_per_step=8, num_generations=4, learning_rate=3e-3, beta=0.0,
                   temperature=1.0)
 
 

@@ -109,7 +109,7 @@ def test_critic_step_regresses_and_moves_the_target_by_polyak(tiny_critic):
 
 
 TINY = dict(algorithm="guided", task_operators="+", task_steps=1, max_prompt_length=6, max_new_tokens=8,
-            model_hidden_size=32, model_layers=1, model_heads=2, model_kv_heads=1, model_intermediate_size=64,
+            model=dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64),
             lora_rank=2, sft=dict(steps=4, batch_size=16, checkpoint_every=2), iterations=4,
             episodes_per_iteration=8, critic_steps=2, actor_steps=2, warmup_iterations=1, critic_batch_size=16,
             replay_capacity=64, critic_hidden_size=16, critic_intermediate_size=32, critic_mlp_hidden=16,
@@ -206,6 +206,8 @@ def write_config(tmp_path, **overrides):
     ("max_new_tokens=4", "raise max_new_tokens"),
     ("critic_stpes=3", "Did you mean 'critic_steps'"),
     ("guidance_model_path=/nonexistent", "not a local directory"),
+    ("model.path=/nonexistent", "model.path /nonexistent is not a local directory"),
+    ("model_heads=4", "is now 'model.heads'"),
     ("actor_micro_batch_size=3", "must divide episodes_per_iteration=8"),
     ("hint_kind=hints", "hint_kind"),
     ("group_size=3", "group_size=3 must divide"),

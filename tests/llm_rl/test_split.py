@@ -14,7 +14,7 @@ SCRIPT = r"""
 import json, sys
 import jax
 import jaxrl_hier
-from jaxrl_hier.llm_rl.config import GRPOConfig
+from jaxrl_hier.llm_rl.config import GRPOConfig, ModelSection
 from jaxrl_hier.llm_rl.grpo import make_train
 from jaxrl_hier.llm_rl.model_setup import build_mesh, build_policy
 from jaxrl_hier.tasks import build_char_tokenizer, make_task
@@ -22,9 +22,9 @@ from jaxrl_hier.tasks import build_char_tokenizer, make_task
 assert len(jax.devices()) == 4
 out = {}
 for placement in ("colocated", "split"):
-    cfg = GRPOConfig(task_operators="+", task_digits=1, task_steps=1, model_hidden_size=32, model_layers=1,
-                     model_heads=2, model_kv_heads=1, model_intermediate_size=64, max_prompt_length=6,
-                     max_new_tokens=6, prompts_per_step=4, num_generations=4, beta=0.04, learning_rate=1e-2,
+    cfg = GRPOConfig(task_operators="+", task_digits=1, task_steps=1,
+                     model=ModelSection(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64),
+                     max_prompt_length=6, max_new_tokens=6, prompts_per_step=4, num_generations=4, beta=0.04, learning_rate=1e-2,
                      reward_format=1.0, placement=placement)
     task = make_task("arithmetic", operators="+", digits=1, steps=1)
     lm, tok = build_policy(cfg, build_char_tokenizer(), mesh=build_mesh(cfg))

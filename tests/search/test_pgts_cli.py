@@ -10,7 +10,7 @@ from kill_windows import assert_kill_windows_replay
 
 from jaxrl_hier import train
 
-TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_heads=1", "model_intermediate_size=64",
+TINY = ["model.hidden_size=32", "model.layers=1", "model.heads=2", "model.kv_heads=1", "model.intermediate_size=64",
         "sft.steps=4", "sft.batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
         "rm_batch_size=8", "train_problems=16", "ppo.total_timesteps=64", "ppo.num_envs=4", "ppo.num_steps=8",
         "ppo.num_minibatches=2", "ppo.update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
@@ -28,6 +28,7 @@ TINY = ["model_hidden_size=32", "model_layers=1", "model_heads=2", "model_kv_hea
     ("sft.batch_size=0", "section 'sft': 'batch_size' must be a positive integer"),
     ("num_minibatches=3", "config key 'num_minibatches' in the command-line overrides is now 'ppo.num_minibatches'"),
     ("sft_steps=10", "is now 'sft.steps'"),
+    ("dtype=bfloat16", "is now 'model.dtype'"),
     ("cost_branch=-1", "cost_branch"),
     ("max_nodez=3", "unknown config key"),
     ("rm_kind=oracle", "rm_kind"),
