@@ -38,7 +38,7 @@ import jax
 import numpy as np
 import yaml
 
-from jaxrl_hier.bench import device_info
+from jaxrl_hier.bench import device_info, fmt_mean_se, mean_se
 from jaxrl_hier.config import build_dataclass, load_config
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.logging.metrics import read_jsonl
@@ -209,20 +209,6 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     return out
 
 
-def mean_se(xs):
-    xs = [x for x in xs if x is not None]
-    if not xs:
-        return None, None
-    return float(np.mean(xs)), (float(np.std(xs, ddof=1) / math.sqrt(len(xs))) if len(xs) > 1 else None)
-
-
-def fmt(m, se, pct=True):
-    if m is None:
-        return "n/a"
-    scale = 100 if pct else 1
-    return f"{m * scale:.1f}" + ("" if se is None else f" ± {se * scale:.1f}")
-
-
 def table(results: dict, names) -> str:
     seeds = results["seeds"]
     lines = [f"{len(seeds)} seed(s) {seeds}; {results['episodes']} fresh-world episodes per agent, mode and seed, "
@@ -234,7 +220,7 @@ def table(results: dict, names) -> str:
         vals = [(r[agent][mode][field] if sub is None else r[agent][mode][field][sub]) for r in results["runs"]]
         if field == "score_percent_of_max":
             vals = [None if v is None else v / 100 for v in vals]
-        return fmt(*mean_se(vals), pct=pct)
+        return fmt_mean_se(*mean_se(vals), pct=pct)
 
     for n in names:
         lines.append(f"| {n} (%) | " + " | ".join(cell(a, m, "achievements", n) for a in ("skills", "ppo")
@@ -245,7 +231,7 @@ def table(results: dict, names) -> str:
                                                      for m in ("greedy", "sampled")) + " |")
     steps = [r["skills"]["env_steps"] for r in results["runs"]]
     def rate(agent, field):
-        return fmt(*mean_se([r[agent].get(field) for r in results["runs"]]), pct=False)
+        return fmt_mean_se(*mean_se([r[agent].get(field) for r in results["runs"]]), pct=False)
 
     lines += ["", "| | env steps | wall time (s) | env steps/s, compiles included | env steps/s, steady |",
               "|---|---:|---:|---:|---:|",

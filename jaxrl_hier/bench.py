@@ -1,5 +1,6 @@
-"""Shared pieces of the benchmark scripts under `benchmarks/`: device and version info, and the
-timing of a compiled function with compile time kept apart from run time."""
+"""Shared pieces of the benchmark scripts under `benchmarks/`: device and version info, the
+timing of a compiled function with compile time kept apart from run time, and the mean and
+standard error of a figure over seeds."""
 
 from __future__ import annotations
 
@@ -113,3 +114,23 @@ def time_compiled(fn: Callable, *args: Any, repeats: int = 3) -> tuple[float, fl
         jax.block_until_ready(compiled(*args))
         best = min(best, time.perf_counter() - t0)
     return compile_s, best
+
+
+def mean_se(xs: list[float | None]) -> tuple[float | None, float | None]:
+    """(mean, standard error of the mean) of the values that are not None; the error is None for
+    fewer than two values, both for none."""
+    xs = [float(x) for x in xs if x is not None]
+    if not xs:
+        return None, None
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def fmt_mean_se(mean: float | None, se: float | None, pct: bool = True) -> str:
+    """"12.3 ± 1.4" (x100 with `pct`), "n/a" without a mean."""
+    if mean is None:
+        return "n/a"
+    scale = 100 if pct else 1
+    return f"{mean * scale:.1f}" + ("" if se is None else f" ± {se * scale:.1f}")

@@ -379,17 +379,31 @@ def run_pgts(args: argparse.Namespace, raw_config: dict) -> int:
     t0 = time.perf_counter()
     times: dict[str, float] = {}
     sft_info: dict = {}
+
+    def stops_after(stage: str) -> bool:
+        if config.stop_after == stage:
+            config_file.restored()  # every stage so far is complete: a resume's changed keys are recorded
+            log(f"stop_after: {stage}: the pipeline ends here ({', '.join(f'{k} {v:.0f}' for k, v in times.items())}); "
+                f"--resume stop_after=null goes on; outputs in {out}")
+        return config.stop_after == stage
+
     if config.sft.steps:
         tick = time.perf_counter()
         lm, sft_info = run_sft_stage(sft_cfg.sft_stage(), args, out, lm, tokenizer, task, mesh, config_file)
         times["sft_s"] = time.perf_counter() - tick
+    if stops_after("sft"):
+        return 0
     tick = time.perf_counter()
     rm, rm_params, rm_info = run_reward_model_stage(config, out, lm, tokenizer, task, args)
     times["reward_model_s"] = time.perf_counter() - tick
+    if stops_after("reward_model"):
+        return 0
     tick = time.perf_counter()
     runner_fn, net_params, start_params = run_ppo_stage(config, args, out, lm, rm, rm_params, tokenizer, task,
                                                         config_file)
     times["ppo_s"] = time.perf_counter() - tick
+    if stops_after("ppo"):
+        return 0
     tick = time.perf_counter()
     rows = run_eval_stage(config, out, lm, rm, rm_params, tokenizer, task, (runner_fn, net_params),
                           {"sft": sft_info, "reward_model": rm_info.get("eval")}, start_params)

@@ -103,6 +103,10 @@ class PGTSConfig:
     log_every: int = 1
     checkpoint_every: int = 8
     keep_checkpoints: int = 2
+    # end the pipeline after this stage (null: run it all): e.g. "reward_model" for the models a
+    # validation sweep compares (benchmarks/pgts_rule_search.py) with no look at the test split, which
+    # the PPO stage's evaluations and the evaluation stage report; a --resume may lift it
+    stop_after: Literal["sft", "reward_model", "ppo"] | None = None
 
     #: the flat keys the nested sections replaced (an old config gets a message naming the new key)
     MOVED_KEYS: ClassVar[dict[str, str]] = {
@@ -181,6 +185,6 @@ class PGTSConfig:
 #: keys a resume may change: logging, evaluation and retention only. Not total_timesteps: PPO anneals
 #: its learning rate over num_updates, so a new length would change the rate of every update still
 #: to come (PPO's own CLI refuses it too).
-PGTS_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every")
+PGTS_RESUME_SAFE_KEYS = ("log_every", "checkpoint_every", "keep_checkpoints", "eval_every", "stop_after")
 
 __all__ = ["PGTSConfig", "PGTS_RESUME_SAFE_KEYS"]

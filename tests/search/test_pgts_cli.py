@@ -69,6 +69,20 @@ def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_bytes() == before
 
 
+def test_stop_after_ends_the_pipeline_at_a_stage_and_a_resume_lifts_it(tmp_path, capsys):
+    """stop_after: the models a validation sweep compares, with no look at the test split (no PPO
+    stage, whose evaluations are on test, and no evaluation stage); a --resume may move it on."""
+    out = tmp_path / "run"
+    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY]
+    assert train.main(args + ["stop_after=sft"]) == 0
+    assert (out / "sft/DONE").is_file() and not (out / "reward_model").exists()
+    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "stop_after=reward_model"]) == 0
+    assert "stop_after: reward_model: the pipeline ends here" in capsys.readouterr().err
+    assert (out / "reward_model/DONE").is_file() and (out / "reward_model/sft/DONE").is_file()
+    assert not (out / "checkpoints").exists() and not (out / "eval").exists() and not (out / "metrics.jsonl").exists()
+    assert "stop_after: reward_model" in (out / "config.yaml").read_text()
+
+
 @pytest.mark.slow
 def test_pipeline_end_to_end(tmp_path, capsys):
     """Our shipped config: swap siblings, the likelihood verifier with its own SFT stage under
