@@ -1,0 +1,121 @@
+"""The shipped GRPO config's variants at several seeds, reported on the distinct test problems.
+
+    python benchmarks/grpo_seeds.py --out DIR [--config configs/grpo_arithmetic.yaml]
+        [--variants grpo dapo dr_grpo] [--seeds 0 1 2]
+
+For each variant (`loss_type`) and seed, `python -m jaxrl_hier.train --config CONFIG loss_type=V
+seed=S` in DIR/<variant>/seed<S> (skipped when the run's model is already saved, so a killed
+sweep goes on). No setting is chosen here: the figures are the config's as shipped, on every
+distinct problem of the test split (each run's `eval_problems`). Writes DIR/grpo_seeds.json
+(every run's evaluations, and per variant the mean and standard error over seeds of the
+accuracy after SFT, after RL and the gain), DIR/grpo_seeds.md and DIR/grpo_seeds.png (held-out
+accuracy against GRPO steps, mean and standard error over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def train(config: Path, out: Path, variant: str, seed: int) -> None:
+    if (out / "model" / "model.safetensors").is_file():
+        return
+    t0 = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    resume = ["--resume"] if (out / "config.yaml").is_file() else ["--config", str(config), f"loss_type={variant}",
+                                                                     f"seed={seed}"]
+    with open(out.parent / f"log_seed{seed}.txt", "w") as log:
+        code = subprocess.call([sys.executable, "-m", "jaxrl_hier.train", *resume, "--output-dir", str(out),
+                                "--no-progress"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    print(f"{variant} seed {seed}: exit {code} in {time.perf_counter() - t0:.0f} s", flush=True)
+    if code:
+        raise SystemExit(f"error: the {variant} run of seed {seed} exited {code}; see {out.parent}/log_seed{seed}.txt")
+
+
+def evaluations(out: Path) -> dict:
+    """The run's held-out accuracy by GRPO step (step 0: the SFT model) and its problem count."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["step"]: r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None}
+    return {"problems": next(r["eval/problems"] for r in rows if "eval/problems" in r), "accuracy": evals,
+            "time_s": rows[-1].get("time_s")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "grpo_arithmetic.yaml")
+    parser.add_argument("--variants", nargs="+", default=["grpo", "dapo", "dr_grpo"],
+                        choices=["grpo", "dapo", "dr_grpo"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args(argv)
+    if not args.config.is_file():
+        print(f"error: --config {args.config} is not a file", file=sys.stderr)
+        return 2
+    if len(set(args.seeds)) < 2:
+        print("error: --seeds needs two or more distinct seeds (a spread over seeds is the point)", file=sys.stderr)
+        return 2
+
+    from jaxrl_hier.bench import device_info, fmt_mean_se, mean_se
+    from jaxrl_hier.io import atomic_write_json, atomic_write_text
+
+    runs = {}
+    for seed in args.seeds:
+        for variant in args.variants:
+            out = args.out / variant / f"seed{seed}"
+            train(args.config, out, variant, seed)
+            runs.setdefault(variant, {})[seed] = evaluations(out)
+    summary, lines = {}, ["| variant | after SFT (%) | after RL (%) | gain (points) | per seed, after RL (%) |",
+                          "|---|---:|---:|---:|---|"]
+    for variant, per_seed in runs.items():
+        first = [r["accuracy"][min(r["accuracy"])] for r in per_seed.values()]
+        last = [r["accuracy"][max(r["accuracy"])] for r in per_seed.values()]
+        summary[variant] = {"sft": mean_se(first), "rl": mean_se(last),
+                            "gain": mean_se([b - a for a, b in zip(first, last)]), "per_seed_rl": last}
+        s = summary[variant]
+        lines.append(f"| {variant} | {fmt_mean_se(*s['sft'])} | {fmt_mean_se(*s['rl'])} | {fmt_mean_se(*s['gain'])} | "
+                     f"{', '.join(f'{100 * x:.1f}' for x in last)} |")
+    problems = sorted({r["problems"] for per_seed in runs.values() for r in per_seed.values()})
+    header = [f"Held-out greedy accuracy, mean ± standard error over seeds {args.seeds}, on {problems} distinct "
+              f"test problems ({args.config.name} as shipped, variants by loss_type):", ""]
+    atomic_write_json(args.out / "grpo_seeds.json", {"benchmark": "grpo_seeds", **device_info(),
+                                                     "config": str(args.config), "seeds": args.seeds,
+                                                     "problems": problems, "runs": runs, "summary": summary})
+    atomic_write_text(args.out / "grpo_seeds.md", "\n".join(header + lines) + "\n")
+    plot(runs, args.out / "grpo_seeds.png")
+    print("\n".join(header + lines))
+    return 0
+
+
+def plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jaxrl_hier.bench import mean_se
+    from jaxrl_hier.logging.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant, per_seed in runs.items():
+        steps = sorted(set.intersection(*(set(r["accuracy"]) for r in per_seed.values())))
+        stats = [mean_se([r["accuracy"][s] for r in per_seed.values()]) for s in steps]
+        ax.errorbar(steps, [100 * m for m, _ in stats], yerr=[100 * (se or 0) for _, se in stats], capsize=2,
+                    label=variant)
+    ax.set_xlabel("GRPO step (0: after SFT)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title(f"seeds {sorted(next(iter(runs.values())))} (mean ± s.e.)")
+    ax.legend()
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
