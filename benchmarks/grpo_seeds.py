@@ -57,11 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["grpo", "dapo", "dr_grpo"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args(argv)
-    if not args.config.is_file():
-        print(f"error: --config {args.config} is not a file", file=sys.stderr)
-        return 2
-    if len(set(args.seeds)) < 2:
-        print("error: --seeds needs two or more distinct seeds (a spread over seeds is the point)", file=sys.stderr)
+    from jaxrl_hier.bench import seed_sweep_error
+
+    if error := seed_sweep_error(args.config, args.seeds):
+        print(f"error: {error}", file=sys.stderr)
         return 2
 
     from jaxrl_hier.bench import device_info, fmt_mean_se, mean_se

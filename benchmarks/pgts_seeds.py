@@ -179,11 +179,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="one string of space-separated key=value overrides per candidate")
     parser.add_argument("--rules", nargs="+", default=["0.1:1", "0.2:1", "0.3:1", "0.5:1", "0.3:2", "0.5:2"])
     args = parser.parse_args(argv)
-    if not args.config.is_file():
-        print(f"error: --config {args.config} is not a file", file=sys.stderr)
-        return 2
-    if len(set(args.seeds)) < 2:
-        print("error: --seeds needs two or more distinct seeds (a spread over seeds is the point)", file=sys.stderr)
+    from jaxrl_hier.bench import seed_sweep_error
+
+    if error := seed_sweep_error(args.config, args.seeds):
+        print(f"error: {error}", file=sys.stderr)
         return 2
     candidates = [c.split() for c in args.candidates]
     if any(not c or any("=" not in kv for kv in c) for c in candidates):

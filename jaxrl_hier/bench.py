@@ -134,3 +134,14 @@ def fmt_mean_se(mean: float | None, se: float | None, pct: bool = True) -> str:
         return "n/a"
     scale = 100 if pct else 1
     return f"{mean * scale:.1f}" + ("" if se is None else f" ± {se * scale:.1f}")
+
+
+def seed_sweep_error(config: Any, seeds: list[int]) -> str | None:
+    """What is wrong with a sweep's --config and --seeds (None: nothing), for its exit-2 message."""
+    from pathlib import Path
+
+    if not Path(config).is_file():
+        return f"--config {config} is not a file"
+    if len(set(seeds)) < 2:
+        return "--seeds needs two or more distinct seeds (a spread over seeds is the point)"
+    return None
