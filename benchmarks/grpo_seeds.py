@@ -95,13 +95,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from jaxrl_hier.bench import mean_se
-    from jaxrl_hier.logging.plots import save_figure
+    from jaxrl_hier.logging.plots import pyplot, save_figure
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, per_seed in runs.items():

@@ -152,12 +152,9 @@ def tables(result: dict) -> list[str]:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from jaxrl_hier.logging.plots import save_figure
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in result["test"]:
