@@ -69,19 +69,25 @@ def rule_search(args: argparse.Namespace, i: int, seed: int, run_dir: Path) -> d
     return json.loads((out / "pgts_rule_search.json").read_text())
 
 
-def choose(validation: dict) -> dict:
-    """The candidate and rule with the best mean validation accuracy over seeds (then fewer tokens)."""
+def validation_options(validation: dict) -> list[dict]:
+    """Each candidate's rows (chain-of-thought first, `tau` None; then each rule) averaged over seeds:
+    accuracy with its standard error, and tokens."""
     from jaxrl_hier.bench import mean_se
 
     options = []
     for i, per_seed in validation.items():
-        for k in range(1, len(next(iter(per_seed.values())))):  # row 0 is chain-of-thought
+        for k in range(len(next(iter(per_seed.values())))):
             rows = [per_seed[s][k] for s in per_seed]
             acc, acc_se = mean_se([r["accuracy"] for r in rows])
-            tokens, _ = mean_se([r["tokens"] for r in rows])
-            options.append(dict(candidate=i, tau=rows[0]["tau"], extra=rows[0]["extra"], accuracy=acc,
-                                accuracy_se=acc_se, tokens=tokens))
-    return max(options, key=lambda o: (o["accuracy"], -o["tokens"]))
+            options.append(dict(candidate=i, tau=None if k == 0 else rows[0]["tau"], extra=rows[0]["extra"],
+                                accuracy=acc, accuracy_se=acc_se, tokens=mean_se([r["tokens"] for r in rows])[0]))
+    return options
+
+
+def choose(options: list[dict]) -> dict:
+    """The rule (never chain-of-thought, a baseline) with the best mean validation accuracy over
+    seeds, then the fewer tokens."""
+    return max((o for o in options if o["tau"] is not None), key=lambda o: (o["accuracy"], -o["tokens"]))
 
 
 def final_run(args: argparse.Namespace, chosen: dict, seed: int) -> dict:
@@ -187,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
 
-    from jaxrl_hier.bench import device_info, mean_se
+    from jaxrl_hier.bench import device_info
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
     t0 = time.perf_counter()
@@ -199,17 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             searched = rule_search(args, i, seed, candidate_run(args, i, overrides, seed))
             validation.setdefault(str(i), {})[seed] = searched["rows"]
             problems.add(searched["problems"])
-    chosen = choose(validation)
+    options = validation_options(validation)
+    chosen = choose(options)
     print(f"chosen on validation: candidate {chosen['candidate']} ({args.candidates[int(chosen['candidate'])]}), "
           f"rule tau {chosen['tau']:g} extra {chosen['extra']}: {100 * chosen['accuracy']:.1f}%", flush=True)
     tests = {seed: final_run(args, chosen, seed) for seed in args.seeds}
-    options = []
-    for i, per_seed in validation.items():
-        for k in range(len(next(iter(per_seed.values())))):
-            rows = [per_seed[s][k] for s in args.seeds]
-            acc, acc_se = mean_se([r["accuracy"] for r in rows])
-            options.append(dict(candidate=i, tau=None if k == 0 else rows[0]["tau"], extra=rows[0]["extra"],
-                                accuracy=acc, accuracy_se=acc_se, tokens=mean_se([r["tokens"] for r in rows])[0]))
     result = {"benchmark": "pgts_seeds", **device_info(), "config": str(args.config), "seeds": args.seeds,
               "candidates": args.candidates, "rules": args.rules,
               "validation_problems": max(problems),

@@ -8,6 +8,7 @@ import math
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -138,8 +139,6 @@ def fmt_mean_se(mean: float | None, se: float | None, pct: bool = True) -> str:
 
 def seed_sweep_error(config: Any, seeds: list[int]) -> str | None:
     """What is wrong with a sweep's --config and --seeds (None: nothing), for its exit-2 message."""
-    from pathlib import Path
-
     if not Path(config).is_file():
         return f"--config {config} is not a file"
     if len(set(seeds)) < 2:

@@ -114,7 +114,7 @@ class GRPOSFTSection(SFTSection):
 
 @dataclass(frozen=True)
 class SFTStageConfig:
-    """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else: Every
+    """What the warm-start stage (`llm_rl.sft_stage.run_sft_stage`) reads, and nothing else. Every
     run's `sft:` section builds it (`SFTSection.stage_config`) with the lengths, seed and logging of
     its run: GRPO's in `GRPOConfig.sft_stage()` (PGTS through that), the guided agent's in `guided_cli`."""
 

@@ -95,7 +95,8 @@ class GuidedConfig:
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
 
-    #: the flat keys the nested `sft:` section replaced (an old config gets a message naming the new key)
+    #: the flat keys the nested `sft:` and `model:` sections replaced (an old config gets a message
+    #: naming the new key)
     MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, **MODEL_MOVED_KEYS}
 
     def validate(self) -> None:

@@ -24,8 +24,8 @@ of another run's shapes) has changed no file of the run; the run's config.yaml (
 
 from __future__ import annotations
 
-from pathlib import Path
 import argparse
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from jaxrl_hier.runs.directory import RunConfigFile

@@ -36,7 +36,9 @@ def test_the_choice_is_the_best_mean_validation_rule():
         "1": {0: [cot, rule(0.3, 1, 0.4, 11.0), rule(0.5, 1, 0.6, 13.0)],
               1: [cot, rule(0.3, 1, 0.6, 11.0), rule(0.5, 1, 0.2, 13.0)]},
     }
-    chosen = bench.choose(validation)
+    options = bench.validation_options(validation)
+    assert [o["tau"] for o in options] == [None, 0.3, 0.5] * 2  # chain-of-thought first, not a choice
+    chosen = bench.choose(options)
     # three options tie at 0.5: the fewest tokens wins (candidate 1's 0.3:1, 11 tokens)
     assert (chosen["candidate"], chosen["tau"], chosen["extra"]) == ("1", 0.3, 1)
     assert chosen["accuracy"] == pytest.approx(0.5) and chosen["accuracy_se"] == pytest.approx(0.1)
