@@ -16,29 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-
-
-def train(config: Path, out: Path, variant: str, seed: int) -> None:
-    if (out / "model" / "model.safetensors").is_file():
-        return
-    t0 = time.perf_counter()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    resume = ["--resume"] if (out / "config.yaml").is_file() else ["--config", str(config), f"loss_type={variant}",
-                                                                     f"seed={seed}"]
-    with open(out.parent / f"log_seed{seed}.txt", "w") as log:
-        code = subprocess.call([sys.executable, "-m", "jaxrl_hier.train", *resume, "--output-dir", str(out),
-                                "--no-progress"], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    print(f"{variant} seed {seed}: exit {code} in {time.perf_counter() - t0:.0f} s", flush=True)
-    if code:
-        raise SystemExit(f"error: the {variant} run of seed {seed} exited {code}; see {out.parent}/log_seed{seed}.txt")
 
 
 def evaluations(out: Path) -> dict:
@@ -63,14 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    from jaxrl_hier.bench import device_info, fmt_mean_se, mean_se
+    from jaxrl_hier.bench import device_info, fmt_mean_se, mean_se, train_run
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
     runs = {}
     for seed in args.seeds:
         for variant in args.variants:
             out = args.out / variant / f"seed{seed}"
-            train(args.config, out, variant, seed)
+            train_run(args.config, out, [f"loss_type={variant}", f"seed={seed}"],
+                      out.parent / f"log_seed{seed}.txt", REPO)
             runs.setdefault(variant, {})[seed] = evaluations(out)
     summary, lines = {}, ["| variant | after SFT (%) | after RL (%) | gain (points) | per seed, after RL (%) |",
                           "|---|---:|---:|---:|---|"]

@@ -30,7 +30,6 @@ import argparse
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,24 +38,16 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-
-def run(cmd: list[str], log: Path) -> None:
-    """A step of the protocol in its own process (its memory goes with it), its output in `log`."""
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        code = subprocess.call(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    print(f"  {' '.join(cmd[1:4])} ... -> {code} in {time.perf_counter() - t0:.0f} s ({log})", flush=True)
-    if code:
-        raise SystemExit(f"error: {' '.join(cmd)} exited {code}; see {log}")
+from jaxrl_hier.bench import run_logged  # noqa: E402  (after the path, for a run from a clone)
 
 
 def candidate_run(args: argparse.Namespace, i: int, overrides: list[str], seed: int) -> Path:
     out = args.out / "candidates" / str(i) / f"seed{seed}"
     if not (out / "reward_model" / "DONE").is_file():
         resume = ["--resume"] if (out / "config.yaml").is_file() else ["--config", str(args.config)]
-        run([sys.executable, "-m", "jaxrl_hier.train", *resume, "--output-dir", str(out), "--no-progress",
-             *([] if resume[0] == "--resume" else [f"seed={seed}", *overrides]), "stop_after=reward_model"],
-            args.out / "logs" / f"candidate{i}_seed{seed}.txt")
+        run_logged([sys.executable, "-m", "jaxrl_hier.train", *resume, "--output-dir", str(out), "--no-progress",
+                    *([] if resume[0] == "--resume" else [f"seed={seed}", *overrides]), "stop_after=reward_model"],
+                   args.out / "logs" / f"candidate{i}_seed{seed}.txt", REPO)
     return out
 
 
@@ -64,8 +55,8 @@ def rule_search(args: argparse.Namespace, i: int, seed: int, run_dir: Path) -> d
     """pgts_rule_search.py's result on the run's validation problems (rows: CoT, then each rule)."""
     out = args.out / "candidates" / str(i) / f"rules_seed{seed}"
     if not (out / "pgts_rule_search.json").is_file():
-        run([sys.executable, "benchmarks/pgts_rule_search.py", "--run-dir", str(run_dir), "--out", str(out),
-             "--rules", *args.rules], args.out / "logs" / f"rules{i}_seed{seed}.txt")
+        run_logged([sys.executable, "benchmarks/pgts_rule_search.py", "--run-dir", str(run_dir), "--out", str(out),
+                    "--rules", *args.rules], args.out / "logs" / f"rules{i}_seed{seed}.txt", REPO)
     return json.loads((out / "pgts_rule_search.json").read_text())
 
 
@@ -105,8 +96,8 @@ def final_run(args: argparse.Namespace, chosen: dict, seed: int) -> dict:
             raw = {k: v for k, v in read_yaml(source / "config.yaml").items() if k != "algorithm"}
             raw.update(imitation_tau=chosen["tau"], imitation_extra=chosen["extra"], stop_after=None)
             save_run_config(out / "config.yaml", "pgts", build_dataclass(PGTSConfig, raw))
-        run([sys.executable, "-m", "jaxrl_hier.train", "--resume", "--output-dir", str(out), "--no-progress"],
-            args.out / "logs" / f"final_seed{seed}.txt")
+        run_logged([sys.executable, "-m", "jaxrl_hier.train", "--resume", "--output-dir", str(out), "--no-progress"],
+                   args.out / "logs" / f"final_seed{seed}.txt", REPO)
     return json.loads((out / "eval" / "results.json").read_text())
 
 

@@ -144,3 +144,30 @@ def seed_sweep_error(config: Any, seeds: list[int]) -> str | None:
     if len(set(seeds)) < 2:
         return "--seeds needs two or more distinct seeds (a spread over seeds is the point)"
     return None
+
+
+def run_logged(cmd: list[str], log: Path, cwd: Path) -> None:
+    """One step of a sweep in its own process (its memory goes with it), its output in `log`; exits the
+    sweep with the command and the log's path when the step fails."""
+    import subprocess
+    import sys
+
+    t0 = time.perf_counter()
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        code = subprocess.call(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT)
+    print(f"  {' '.join(cmd[1:4])} ... -> {code} in {time.perf_counter() - t0:.0f} s ({log})", flush=True)
+    if code:
+        raise SystemExit(f"error: {' '.join(cmd)} exited {code}; see {log}")
+
+
+def train_run(config: Path, out: Path, overrides: list[str], log: Path, cwd: Path) -> None:
+    """`python -m jaxrl_hier.train --config CONFIG OVERRIDES` in `out`, resumed where a killed sweep left
+    it (`--resume`, which keeps the recorded config), skipped once the run has saved its model."""
+    import sys
+
+    if (out / "model" / "model.safetensors").is_file():
+        return
+    start = ["--resume"] if (out / "config.yaml").is_file() else ["--config", str(config), *overrides]
+    run_logged([sys.executable, "-m", "jaxrl_hier.train", *start, "--output-dir", str(out), "--no-progress"],
+               log, cwd)
