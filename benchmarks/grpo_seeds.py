@@ -6,10 +6,11 @@
 For each variant (`loss_type`) and seed, `python -m jaxrl_hier.train --config CONFIG loss_type=V
 seed=S` in DIR/<variant>/seed<S> (skipped when the run's model is already saved, so a killed
 sweep goes on). No setting is chosen here: the figures are the config's as shipped, on every
-distinct problem of the test split (each run's `eval_problems`). Writes DIR/grpo_seeds.json
-(every run's evaluations, and per variant the mean and standard error over seeds of the
-accuracy after SFT, after RL and the gain), DIR/grpo_seeds.md and DIR/grpo_seeds.png (held-out
-accuracy against GRPO steps, mean and standard error over seeds).
+distinct problem of the test split (each run's `eval_problems`), which a run evaluates twice: the
+SFT model at step 0 and the policy at the last step (`test/accuracy`). Writes DIR/grpo_seeds.json
+(every run's evaluations, and per variant the mean and standard error over seeds of the test
+accuracy after SFT, after RL and the gain), DIR/grpo_seeds.md and DIR/grpo_seeds.png (validation
+accuracy against GRPO steps, the curve runs watch, mean and standard error over seeds).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ if str(REPO) not in sys.path:
 
 
 def evaluations(out: Path) -> dict:
-    """The run's held-out accuracy by GRPO step (step 0: the SFT model) and its problem count."""
+    """The run's test accuracy at step 0 (the SFT model) and its last step, its validation accuracy by
+    GRPO step, and their problem counts."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = {r["step"]: r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None}
-    return {"problems": next(r["eval/problems"] for r in rows if "eval/problems" in r), "accuracy": evals,
-            "time_s": rows[-1].get("time_s")}
+    tests = {r["step"]: r["test/accuracy"] for r in rows if r.get("test/accuracy") is not None}
+    curve = {r["step"]: r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None}
+    return {"problems": rows[0]["test/problems"], "accuracy": tests, "validation_problems": rows[0]["eval/problems"],
+            "validation": curve, "time_s": rows[-1].get("time_s")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {variant} | {fmt_mean_se(*s['sft'])} | {fmt_mean_se(*s['rl'])} | {fmt_mean_se(*s['gain'])} | "
                      f"{', '.join(f'{100 * x:.1f}' for x in last)} |")
     problems = sorted({r["problems"] for per_seed in runs.values() for r in per_seed.values()})
-    header = [f"Held-out greedy accuracy, mean ± standard error over seeds {args.seeds}, on {problems} distinct "
+    header = [f"Test greedy accuracy, mean ± standard error over seeds {args.seeds}, on {problems} distinct "
               f"test problems ({args.config.name} as shipped, variants by loss_type):", ""]
     atomic_write_json(args.out / "grpo_seeds.json", {"benchmark": "grpo_seeds", **device_info(),
                                                      "config": str(args.config), "seeds": args.seeds,
@@ -86,12 +89,12 @@ def plot(runs: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, per_seed in runs.items():
-        steps = sorted(set.intersection(*(set(r["accuracy"]) for r in per_seed.values())))
-        stats = [mean_se([r["accuracy"][s] for r in per_seed.values()]) for s in steps]
+        steps = sorted(set.intersection(*(set(r["validation"]) for r in per_seed.values())))
+        stats = [mean_se([r["validation"][s] for r in per_seed.values()]) for s in steps]
         ax.errorbar(steps, [100 * m for m, _ in stats], yerr=[100 * (se or 0) for _, se in stats], capsize=2,
                     label=variant)
     ax.set_xlabel("GRPO step (0: after SFT)")
-    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylabel("validation accuracy (%)")
     ax.set_title(f"seeds {sorted(next(iter(runs.values())))} (mean ± s.e.)")
     ax.legend()
     save_figure(fig, path)

@@ -5,12 +5,14 @@
 
 For each config and seed, `python -m jaxrl_hier.train --config CONFIG seed=S` in DIR/<config>/seed<S>
 (resumed or skipped where a killed sweep left it: `bench.train_run`). No setting is chosen here: the
-figures are the configs' as shipped, greedy, on each run's evaluation episodes (`eval_episodes`
+figures are the configs' as shipped, greedy, on each run's test episodes, which a run plays twice:
+with the warm-start (iteration 0) and with the trained agent (the last iteration) (`eval_episodes`
 distinct test problems for the two-turn task; for guess-the-number every secret of 1..game_high
 once, the training range, since the game has no held-out secrets: see `GuessNumberEnv`). Writes
 DIR/guided_seeds.json (every run's evaluations, and per config and metric the mean and standard
 error over seeds after SFT, after RL and the change), DIR/guided_seeds.md and DIR/guided_seeds.png
-(the config's headline metric against iterations, mean and standard error over seeds).
+(the config's headline metric on validation against iterations, the curve runs watch, mean and
+standard error over seeds).
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ SHARES = {"turn2_accuracy", "turn1_accuracy", "accuracy_gain", "success"}
 
 
 def evaluations(out: Path) -> dict:
-    """The run's greedy evaluations by iteration (0: the warm-start), its env and its episode count."""
+    """The run's env, its greedy test evaluations (iteration 0: the warm-start; the last) and their episode
+    count, and its validation curve of the env's headline metric."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    env = "two_turn" if any("eval/turn2_accuracy" in r for r in rows) else "guess_number"
-    evals = {r["step"]: {k: r[f"eval/{k}"] for k in METRICS[env]} for r in rows
-             if r.get(f"eval/{METRICS[env][0]}") is not None}
-    return {"env": env, "episodes": next(r["eval/episodes"] for r in rows if "eval/episodes" in r),
-            "evals": evals, "time_s": rows[-1].get("time_s")}
+    env = "two_turn" if "test/turn2_accuracy" in rows[0] else "guess_number"
+    head = METRICS[env][0]
+    evals = {r["step"]: {k: r[f"test/{k}"] for k in METRICS[env]} for r in rows if r.get(f"test/{head}") is not None}
+    curve = {r["step"]: r[f"eval/{head}"] for r in rows if r.get(f"eval/{head}") is not None}
+    return {"env": env, "episodes": rows[0]["test/episodes"], "evals": evals, "validation": curve,
+            "time_s": rows[-1].get("time_s")}
 
 
 def summarize(per_seed: dict) -> dict:
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             train_run(config, out, [f"seed={seed}"], out.parent / f"log_seed{seed}.txt", REPO)
             runs.setdefault(config.stem, {})[seed] = evaluations(out)
     summary = {name: summarize(per_seed) for name, per_seed in runs.items()}
-    lines = [f"Greedy evaluation, mean ± standard error over seeds {args.seeds} (configs as shipped):", ""]
+    lines = [f"Greedy evaluation on test, mean ± standard error over seeds {args.seeds} (configs as shipped):", ""]
     for name, per_seed in runs.items():
         episodes = sorted({r["episodes"] for r in per_seed.values()})
         lines += [f"{name}: {episodes} evaluation episodes, after {max(next(iter(per_seed.values()))['evals'])} "
@@ -113,11 +117,11 @@ def plot(runs: dict, path: Path) -> None:
     for ax, (name, per_seed) in zip(axes[0], runs.items()):
         metric = METRICS[next(iter(per_seed.values()))["env"]][0]
         scale = 100 if metric in SHARES else 1
-        steps = sorted(set.intersection(*(set(r["evals"]) for r in per_seed.values())))
-        stats = [mean_se([r["evals"][s][metric] for r in per_seed.values()]) for s in steps]
+        steps = sorted(set.intersection(*(set(r["validation"]) for r in per_seed.values())))
+        stats = [mean_se([r["validation"][s] for r in per_seed.values()]) for s in steps]
         ax.errorbar(steps, [scale * m for m, _ in stats], yerr=[scale * (se or 0) for _, se in stats], capsize=2)
         ax.set_xlabel("iteration (0: after SFT)")
-        ax.set_ylabel(metric + (" (%)" if scale == 100 else ""))
+        ax.set_ylabel(f"{metric}, validation" + (" (%)" if scale == 100 else ""))
         ax.set_title(f"{name}, seeds {sorted(per_seed)} (mean ± s.e.)")
     save_figure(fig, path)
 

@@ -6,10 +6,11 @@ The `grpo` and `sft` entries of `jaxrl_hier.train.ALGORITHMS`. A run directory h
     sft/                   the warm-start stage: metrics.jsonl, checkpoints/, model/ (save_pretrained +
                            tokenizer), DONE (written last: its presence means the stage is complete)
     metrics.jsonl          one record per GRPO step (rewards, accuracy, lengths, clip, KL, entropy,
-                           dropped groups, per-stage times, tokens/s, and eval/accuracy every eval_every)
+                           dropped groups, per-stage times, tokens/s); eval/accuracy on the validation
+                           split at step 0 and every eval_every; test/accuracy at step 0 and the last step
     samples.jsonl          a few prompts with their completions and rewards every log_every steps
     checkpoints/           Orbax checkpoints of the GRPO state (trainable params or adapter, optimiser, RNG)
-    learning_curve.png     reward, train accuracy and held-out accuracy against steps
+    learning_curve.png     reward, train accuracy, validation and test accuracy against steps
     model/                 the final policy (LoRA merged), loadable by transformers
 
 Each stage is skipped when its output exists, so a killed run resumes at the stage it was in;
@@ -22,11 +23,11 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.llm_rl.config import GRPOConfig
-from jaxrl_hier.llm_rl.data import evaluation_problems
+from jaxrl_hier.llm_rl.data import evaluation_problems, held_out_row
 from jaxrl_hier.llm_rl.sft_stage import run_sft_stage
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              refuse_existing_run, resolve_output_dir, sync_processes,
@@ -87,12 +88,14 @@ def _sample_records(step: int, samples: dict, tokenizer: Any, count: int, config
 
 
 def plot_grpo_curve(records: list[dict], path: Path, title: str) -> None:
-    """Mean reward, train accuracy and held-out (greedy) accuracy against the GRPO step."""
+    """Mean reward, train accuracy, and greedy accuracy on validation (the curve) and on test (start and end)
+    against the GRPO step."""
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
     plot_curves(records, path, x="step", panels=[Panel("GRPO step", (
         Series("reward", "mean reward", alpha=0.8), Series("accuracy", "train accuracy (sampled)", alpha=0.8),
-        Series("eval/accuracy", "held-out accuracy (greedy)", style="o-", color="black")), title=title)])
+        Series("eval/accuracy", "validation accuracy (greedy)", style="o-", color="black"),
+        Series("test/accuracy", "test accuracy (greedy; start and end)", style="s", color="tab:red")), title=title)])
 
 
 def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo") -> int:
@@ -135,6 +138,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
     if algorithm == "sft":
         return 0
 
+    validation = evaluation_problems(task, config.eval_problems, config.seed, "validation")
     test = evaluation_problems(task, config.eval_problems, config.seed)
     lora = build_lora(config, lm, mesh)
     trainer = make_train(config, lm, tokenizer, task, lora=lora)
@@ -148,10 +152,15 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             log(f"GRPO resumed at step {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
+        def held_out(i: int, state: Any) -> dict:
+            def score(problems: list) -> Callable[[], dict]:
+                return lambda: {k: v for k, v in trainer.evaluate(state, problems).items() if k != "completions"}
+
+            return held_out_row(i, config.eval_every, config.total_steps, score(validation), score(test))
+
         if run.first_row_due(writer):
-            ev = trainer.evaluate(state, test)
-            writer.write({"update": 0, "step": 0, "eval/accuracy": ev["accuracy"], "eval/format": ev["format"],
-                          "eval/problems": len(test)})
+            writer.write({"update": 0, "step": 0, **held_out(0, state), "eval/problems": len(validation),
+                          "test/problems": len(test)})
 
         def step(state: Any, done: int) -> tuple[Any, int, dict]:
             state, metrics, samples = trainer.step(state)
@@ -160,10 +169,8 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
                 log(f"step {i}: no completion token in the loss (every group dropped or filtered); "
                     "the optimiser update was skipped")
             rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (i % config.eval_every == 0 or i == config.total_steps):
-                ev = trainer.evaluate(state, test)
-                rec.update({"eval/accuracy": ev["accuracy"], "eval/format": ev["format"]})
-            if i % config.log_every == 0 or "eval/accuracy" in rec:
+            rec.update(held_out(i, state))
+            if i % config.log_every == 0 or "eval/accuracy" in rec or "test/accuracy" in rec:
                 writer.write(rec)
             if config.sample_log_count and i % config.log_every == 0:
                 for s in _sample_records(i, samples, tokenizer, config.sample_log_count, config, trainer.rewards):
@@ -180,9 +187,9 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
         save_tokenizer(tokenizer, out / "model")
         records = read_jsonl(out / "metrics.jsonl")
         plot_grpo_curve(records, out / "learning_curve.png", f"{config.loss_type} on {config.task}")
-        evals = [r["eval/accuracy"] for r in records if r.get("eval/accuracy") is not None]
-        log(f"done: {config.loss_type} {config.total_steps} steps in {time.perf_counter() - t0:.0f}s; held-out "
-            f"accuracy {evals[0] if evals else None} -> {evals[-1] if evals else None}"
+        tests = [r["test/accuracy"] for r in records if r.get("test/accuracy") is not None]
+        log(f"done: {config.loss_type} {config.total_steps} steps in {time.perf_counter() - t0:.0f}s; test "
+            f"accuracy {tests[0] if tests else None} -> {tests[-1] if tests else None}"
             + (f" (SFT model {sft_info.get('eval_accuracy')})" if sft_info else "") + f"; outputs in {out}")
     return 0
 

@@ -13,7 +13,7 @@ compiled program serves every batch.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -62,6 +62,19 @@ def evaluation_problems(task: Any, n: int, seed: int, split: str = "test") -> li
     short = f"; the split holds only {len(problems)}, all used" if len(problems) < n else ""
     log(f"evaluation: {len(problems)} distinct {split} problems (asked for {n}{short})")
     return problems
+
+
+def held_out_row(i: int, every: int, total: int, validation: Callable[[], dict], test: Callable[[], dict]) -> dict:
+    """Step i's held-out evaluations, as metrics keys. The validation split (`eval/<k>`) at step 0, every
+    `every` steps and at the last (`every` 0: step 0 only): the curve to watch, and to choose settings
+    by. The test split (`test/<k>`) at step 0 and at the last step only: the two figures a run reports
+    (its warm-start and its trained policy), so no choice made by watching a curve has seen test."""
+    rec: dict = {}
+    if i == 0 or (every and (i % every == 0 or i == total)):
+        rec.update({f"eval/{k}": v for k, v in validation().items()})
+    if i in (0, total):
+        rec.update({f"test/{k}": v for k, v in test().items()})
+    return rec
 
 
 def refuse_longer(problems: list, lengths: np.ndarray, limit: int, what: str, key: str) -> None:
@@ -132,5 +145,5 @@ def fixed_batches(batch_size: int, *arrays: Any) -> Iterator[tuple[int, int, tup
         yield start, batch_size - fill, part
 
 
-__all__ = ["CHECK_SAMPLE", "PromptBatch", "fixed_batches", "special_ids", "input_pool", "evaluation_problems", "refuse_longer", "prompt_lengths",
+__all__ = ["CHECK_SAMPLE", "PromptBatch", "fixed_batches", "special_ids", "input_pool", "evaluation_problems", "held_out_row", "refuse_longer", "prompt_lengths",
            "completion_lengths", "encode_prompts", "encode_completions"]

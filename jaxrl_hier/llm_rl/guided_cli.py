@@ -7,11 +7,12 @@ The `guided` entry of `jaxrl_hier.train.ALGORITHMS`. A run directory holds:
                            `grpo` CLI's stage: metrics.jsonl, checkpoints/, model/, DONE)
     metrics.jsonl          one record per iteration: the sampled episodes' summary (train/...), critic
                            losses and Q/V means, advantage, policy loss and KL per role, seconds per
-                           stage; every eval_every iterations the greedy episodes' summary (eval/...)
+                           stage; the greedy episodes' summary on the validation split (eval/...) at
+                           iteration 0 and every eval_every, on the test split (test/...) at 0 and the last
     samples.jsonl          a few episodes per logged iteration (two_turn: problem, turn 1, hint, turn 2, reward)
     checkpoints/           Orbax checkpoints of the whole agent: adapters, their optimiser state, critic,
                            target critic, critic optimiser state, replay buffer, RNG key
-    learning_curve.png     greedy (held-out) turn-1 / turn-2 accuracy, or turns per game, against iterations
+    learning_curve.png     greedy turn-1 / turn-2 accuracy (validation; test at start and end), or turns per game
     model/, guidance_model/  the actor (and guidance) adapters merged into the backbone, loadable by transformers
 
 Each stage is skipped when its output exists; `--resume` continues from the last checkpoint and gives
@@ -27,6 +28,7 @@ from typing import Any, Callable
 
 from jaxrl_hier.config import ConfigError, config_from_args
 from jaxrl_hier.llm_rl.config import SFTStageConfig
+from jaxrl_hier.llm_rl.data import held_out_row
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.runs import (ResumableRun, RunConfigFile, check_resume_changes, is_primary, load_saved_config, log,
                              refuse_existing_run, resolve_output_dir, sync_processes,
@@ -66,29 +68,33 @@ def _sft_settings(config: GuidedConfig, state_len: int) -> SFTStageConfig:
                                    keep_checkpoints=config.keep_checkpoints)
 
 
-def evaluation_episodes(env: Any, n: int, seed: int) -> Callable[[], list]:
-    """A fresh list of the evaluation games (`env.evaluation_episodes`: distinct problems, or
+def evaluation_episodes(env: Any, n: int, seed: int, split: str = "test") -> Callable[[], list]:
+    """A fresh list of the evaluation games of `split` (`env.evaluation_episodes`: distinct problems, or
     distinct secrets) for each evaluation, after a log line of how many there are. `env.step`
     copies an episode rather than changing it, so the games can be reused."""
-    first = env.evaluation_episodes("test", n, seed)
-    what = "test problems" if env.name != "guess_number" else f"secrets of 1..{env.high} (no secret is held out)"
+    first = env.evaluation_episodes(split, n, seed)
+    what = f"{split} problems" if env.name != "guess_number" else \
+        f"{split} secrets of 1..{env.high} (no secret is held out)"
     short = "; all the split holds" if len(first) < n else ""
     log(f"evaluation: {len(first)} distinct {what} (asked for {n}{short})")
     return lambda: list(first)
 
 
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
-    """two_turn: turn-1 and turn-2 accuracy (greedy held-out, and sampled train); guess_number: turns per game
-    (greedy over the evaluation secrets, which come from the range training uses: `GuessNumberEnv`)."""
+    """two_turn: turn-1 and turn-2 accuracy (sampled train; greedy on validation, and on test at the start
+    and the end); guess_number: turns per game and success (greedy over every secret, which come from the
+    range training uses: `GuessNumberEnv`)."""
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
-    evaluated = "held-out" if env == "two_turn" else "every secret"
+    evaluated = "validation" if env == "two_turn" else "every secret"
     series = []
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
         series += [Series(f"train/{key}", f"{label} (sampled, train)", color=color, alpha=0.35),
                    Series(f"eval/{key}", f"{label} (greedy, {evaluated})", style="o-", color=color)]
+        if env == "two_turn":
+            series.append(Series(f"test/{key}", f"{label} (greedy, test: start, end)", style="s", color=color))
     plot_curves(records, path, x="step", legend_fontsize=8, panels=[Panel("iteration", tuple(series), title=title)])
 
 
@@ -154,6 +160,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
     state = agent.init(jax.random.key(config.seed))
     meta = {"stage": "guided", "env": config.env, "critic": config.critic, "lora_rank": config.lora_rank,
             "replay_capacity": config.replay_capacity}
+    validation = evaluation_episodes(env, config.eval_episodes, config.seed, "validation")
     test = evaluation_episodes(env, config.eval_episodes, config.seed)
     primary = is_primary()
     with ResumableRun(out / "checkpoints", meta, keep=config.keep_checkpoints, every=config.checkpoint_every,
@@ -163,19 +170,20 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"guided agent resumed at iteration {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
+        def held_out(i: int, state: Any) -> dict:
+            return held_out_row(i, config.eval_every, config.iterations,
+                                lambda: agent.evaluate(state, validation())[0], lambda: agent.evaluate(state, test())[0])
+
         if run.first_row_due(writer):
-            ev, _ = agent.evaluate(state, test())
-            writer.write({"update": 0, "step": 0, **{f"eval/{k}": v for k, v in ev.items()},
-                          "eval/episodes": len(test())})
+            writer.write({"update": 0, "step": 0, **held_out(0, state), "eval/episodes": len(validation()),
+                          "test/episodes": len(test())})
 
         def step(state: Any, done: int) -> tuple[Any, int, dict]:
             state, metrics, episodes = agent.iteration(state)
             i = done + 1  # this iteration's number
             rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
-            if config.eval_every and (i % config.eval_every == 0 or i == config.iterations):
-                ev, _ = agent.evaluate(state, test())
-                rec.update({f"eval/{k}": v for k, v in ev.items()})
-            if i % config.log_every == 0 or any(k.startswith("eval/") for k in rec):
+            rec.update(held_out(i, state))
+            if i % config.log_every == 0 or any(k.startswith(("eval/", "test/")) for k in rec):
                 writer.write(rec)
             if config.sample_log_count and i % config.log_every == 0:
                 for ep in episodes[:config.sample_log_count]:
@@ -192,9 +200,9 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
                 save_tokenizer(tokenizer, out / directory)
         records = read_jsonl(out / "metrics.jsonl")
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
-        key = "eval/turn2_accuracy" if config.env == "two_turn" else "eval/turns"
-        evals = [(r["step"], r.get("eval/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
-        evaluated = "held-out" if config.env == "two_turn" else f"over {len(test())} secrets of the training range,"
+        key = "test/turn2_accuracy" if config.env == "two_turn" else "test/turns"
+        evals = [(r["step"], r.get("test/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
+        evaluated = "test" if config.env == "two_turn" else f"over {len(test())} secrets of the training range,"
         log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; {evaluated} {key} "
             f"{evals[0][2] if evals else None} -> {evals[-1][2] if evals else None}"
             + (f" (turn 1: {evals[0][1]} -> {evals[-1][1]})" if config.env == "two_turn" and evals else "")

@@ -12,13 +12,14 @@ the run directory (so a killed run resumes at the stage it was in):
                          policy cloned from them (search.imitation) as PPO's start: metrics.jsonl,
                          checkpoints/, DONE (the rule's training accuracy, the fit)
     metrics.jsonl        PGTS PPO, one record per log_every updates (return, training accuracy of
-                         finished searches, losses, search steps/s) and eval/* every eval_every
+                         finished searches, losses, search steps/s) and eval/* (the validation
+                         split) every eval_every
     checkpoints/         Orbax checkpoints of the PPO runner state (--resume continues exactly)
-    trees.txt            one searched held-out tree per evaluation, as text (steps, scores, path)
-    learning_curve.png   return, training and held-out accuracy against PPO updates
+    trees.txt            one searched validation tree per evaluation, as text (steps, scores, path)
+    learning_curve.png   return, training and validation accuracy against PPO updates
     eval/                results.json, table.md, accuracy_vs_tokens.png, trees of PGTS and MCTS:
                          PGTS against CoT greedy, self-consistency, best-of-N and MCTS on the same
-                         held-out problems (with imitation also the rule and the cloned policy)
+                         test problems, evaluated once (with imitation also the rule and the cloned policy)
 """
 
 from __future__ import annotations
@@ -230,13 +231,13 @@ def run_reward_model_stage(config: PGTSConfig, out: Path, lm: Any, tokenizer: An
 
 
 def plot_pgts_curve(records: list[dict], path: Path, title: str) -> None:
-    """PPO's episode return, and train (sampled) and held-out (greedy) accuracy, against the update."""
+    """PPO's episode return, and train (sampled) and validation (greedy) accuracy, against the update."""
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
     plot_curves(records, path, x="update", size=(10, 3.8), panels=[
         Panel("PPO update", (Series("episode_return", "episode return"),), "return", title),
         Panel("PPO update", (Series("achievement/correct", "train accuracy (sampled policy)", alpha=0.8),
-                             Series("eval/accuracy", "held-out accuracy (greedy policy)", style="o-",
+                             Series("eval/accuracy", "validation accuracy (greedy policy)", style="o-",
                                     color="black")), "accuracy")])
 
 
@@ -434,8 +435,9 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
     env = build_env(config, lm, rm, tokenizer)
     train_problems = task.problems("train", config.train_problems, config.seed + 2)
     env_params = env_params_for(config, env, lm.params, rm_params, tokenizer, train_problems)
-    test = evaluation_problems(task, config.eval_problems, config.seed)
-    test_params = env_params_for(config, env, lm.params, rm_params, tokenizer, test)
+    # the training curve's problems: the validation split (the evaluation stage reports test, once)
+    validation = evaluation_problems(task, config.eval_problems, config.seed, "validation")
+    validation_params = env_params_for(config, env, lm.params, rm_params, tokenizer, validation)
     ppo_cfg = config.ppo_config()
     from jaxrl_hier.networks.gps import GPSActorCritic
 
@@ -466,11 +468,12 @@ def run_ppo_stage(config: PGTSConfig, args: argparse.Namespace, out: Path, lm: A
         trees = [t for t in trees if t.strip() and _tree_update(t) <= last_kept]
 
         def evaluate(update: int, rec: dict, runner: Any) -> None:
-            states, row = run_search(search, net(runner), test_params, len(test), seed=config.seed)
+            states, row = run_search(search, net(runner), validation_params, len(validation), seed=config.seed)
             rec.update({"eval/accuracy": row["accuracy"], "eval/tokens": row["tokens"], "eval/nodes": row["nodes"],
                         "eval/actions": row["actions"]})
-            text = render_tree(env, jax.tree.map(lambda x: x[0], states), tokenizer, test[0].prompt, test[0].answer)
-            trees.append(f"update {update}: held-out accuracy {100 * row['accuracy']:.1f}%, "
+            text = render_tree(env, jax.tree.map(lambda x: x[0], states), tokenizer, validation[0].prompt,
+                               validation[0].answer)
+            trees.append(f"update {update}: validation accuracy {100 * row['accuracy']:.1f}%, "
                          f"{row['tokens']:.1f} tokens / problem\n{text}")
             if primary:
                 atomic_write_text(trees_path, "".join(f"=== {t.removeprefix('=== ')}\n\n" for t in trees))

@@ -92,7 +92,8 @@ class PGTSConfig:
     imitation_learning_rate: float = 1e-3
 
     # ---- evaluation (held-out problems) and baselines
-    eval_problems: int = 256  # distinct test problems (the rule-search benchmark: validation ones)
+    eval_problems: int = 256  # distinct problems: test for the evaluation stage, validation for the PPO curve
+    # and the rule-search benchmark
     eval_every: int = 8  # PPO updates between PGTS evaluations (0: only at the end)
     sc_samples: tuple[int, ...] = (2, 4)  # self-consistency and best-of-N sizes
     mcts_simulations: int = 16

@@ -174,9 +174,12 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     assert saved["algorithm"] == "grpo" and saved["eps_high"] == 0.2 and saved["scale_rewards"] == "group"
     recs = records(full / "metrics.jsonl")
     assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]
-    assert all("eval/accuracy" in recs[i] for i in (0, 2, 4))
-    # eval_problems=8 distinct test problems (of about 10), counted in the first evaluation record and the SFT summary
-    assert recs[0]["eval/problems"] == 8 and json.loads((full / "sft/DONE").read_text())["eval_problems"] == 8
+    # validation every eval_every=2 steps, test at the first and the last step only
+    assert [r["step"] for r in recs if "eval/accuracy" in r] == [0, 2, 4]
+    assert [r["step"] for r in recs if "test/accuracy" in r] == [0, 4]
+    # eval_problems=8 distinct problems (of about 10 per split), counted in the first record and the SFT summary
+    assert recs[0]["eval/problems"] == recs[0]["test/problems"] == 8
+    assert json.loads((full / "sft/DONE").read_text())["eval_problems"] == 8
     samples = records(full / "samples.jsonl")
     assert {"prompt", "completion", "answer", "correct"} <= set(samples[0])
 
@@ -190,5 +193,8 @@ def test_sft_then_grpo_and_exact_resume(tmp_path, capsys):
     resumed = records(part / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4]
     assert_rows_match(resumed, recs, ("reward", "loss", "eval/accuracy", "completion_length"))
+    # test: the ends of each run (the stopped run's end, step 2, was its own last step)
+    assert [r["step"] for r in resumed if "test/accuracy" in r] == [0, 2, 4]
+    assert [resumed[i]["test/accuracy"] for i in (0, 4)] == [recs[i]["test/accuracy"] for i in (0, 4)]
     # the warm-start records how many targets it truncated (none here: check_inputs saw them all fit)
     assert [r["truncated_targets"] for r in records(full / "sft" / "metrics.jsonl")] == [0.0] * 6
