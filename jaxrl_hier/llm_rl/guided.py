@@ -57,8 +57,10 @@ from jaxrl_hier.llm_rl.microbatch import accumulate_gradients, split_rows
 from jaxrl_hier.llm_rl.model_setup import commit_to_mesh
 from jaxrl_hier.llm_rl.replay import ReplayBuffer, Transitions, init_replay, insert, sample
 from jaxrl_hier.llm_rl.rollout import completion_logprobs
+from jaxrl_hier.llm_rl.turns import check_state_len, compiled_rollout, switch_roles
 from jaxrl_hier.tasks.jax_rewards import decode_completions
 from jaxrl_hier.tasks.text_games import ACTOR, GUIDANCE
+from jaxrl_hier.tasks.text_games_jax import jax_form
 
 
 class GuidedState(struct.PyTreeNode):
@@ -148,6 +150,12 @@ class GuidedAgent:
         self.policy_opt = optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(c.learning_rate))
         self.critic_opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.critic_learning_rate))
         self._gen = JitCache()
+        self.jax_env = None if c.turn_loop == "host" else jax_form(env, tokenizer, lm.config.vocab_size)
+        if self.jax_env is not None:
+            check_state_len(self.jax_env, self.S)
+            self._turn_loop = {greedy: jax.jit(functools.partial(compiled_rollout(self.jax_env, self._turn_sampler(),
+                                                                                  self.S), greedy=greedy))
+                               for greedy in (False, True)}
         self._insert = jax.jit(insert, donate_argnums=(0,))
         self._critic_update = jax.jit(self._critic_impl, donate_argnums=(0,))
         self._actor_update = jax.jit(self._actor_impl, donate_argnums=(0,))
@@ -183,6 +191,24 @@ class GuidedAgent:
 
         return self._gen.get(lm, greedy, build)
 
+    def _turn_sampler(self) -> Any:
+        """`sample(turn, (policy, bases), ids, mask, rng, greedy)` for the compiled turn loop: the speaker's adapter."""
+        c = self.config
+
+        def role(name: str) -> Any:
+            lm = self.roles[name].lm
+
+            def sample(roles, ids, mask, rng, greedy):
+                policy, bases = roles
+                return sample_tokens(lm, bases[name], ids, mask, rng, max_new_tokens=self.N, temperature=c.temperature,
+                                     eos_ids=(self.eos_id,), pad_token_id=self.pad_id, lora=policy[name], greedy=greedy,
+                                     suppress_tokens=self.suppress)
+
+            return sample
+
+        return switch_roles(tuple(self.role_names.index(r) for r in self.turn_roles),
+                            tuple(role(name) for name in self.role_names))
+
     def _sample_pi(self, policy: dict, bases: dict, state: jax.Array, state_mask: jax.Array, role: jax.Array,
                    key: jax.Array) -> tuple[jax.Array, jax.Array]:
         """a' ~ pi(.|s) for a batch of states, each from the role that speaks in it (traceable)."""
@@ -208,7 +234,10 @@ class GuidedAgent:
         """Play a batch of episodes to the end, one generation call per turn for the whole batch.
 
         Returns the finished episodes, per turn the arrays of its utterances (state, action,
-        logprobs, reward, next state, done, valid), and the seconds each turn's generation took."""
+        logprobs, reward, next state, done, valid), and the seconds each turn's generation took
+        (`time/turns` for the whole compiled loop, where the env has a JAX form)."""
+        if self.jax_env is not None:
+            return self._compiled_rollout(state, episodes, key, greedy)
         env, bases = self.env, self.bases()
         turns, times = [], {}
         for t in range(env.max_turns):
@@ -240,6 +269,31 @@ class GuidedAgent:
                           "action": np.asarray(out.tokens), "action_mask": np.asarray(out.mask),
                           "logprobs": np.asarray(out.logprobs), "reward": rewards, "next_state": nids,
                           "next_mask": nmask, "done": dones, "valid": alive.astype(np.float32)})
+        return episodes, turns, times
+
+    def _compiled_rollout(self, state: GuidedState, episodes: list, key: jax.Array | None, greedy: bool
+                          ) -> tuple[list, list[dict], dict]:
+        """`rollout` as one compiled loop over turns (llm_rl.turns). The host environment then replays the
+        decoded utterances, for the episodes' summary and records, and must agree with the JAX one."""
+        t0 = time.perf_counter()
+        env_state, ids, mask = self.jax_env.initial(episodes)
+        rng = key if key is not None else jax.random.key(0)
+        _, out = self._turn_loop[greedy]((state.policy, self.bases()), env_state, ids, mask, rng)
+        out = jax.device_get(out)
+        times = {"time/turns": time.perf_counter() - t0}
+        turns = []
+        for t in range(self.env.max_turns):
+            texts = decode_completions(self.tokenizer, out.action[t], out.action_mask[t])
+            for i, ep in enumerate(episodes):
+                if out.valid[t][i]:
+                    episodes[i], r, d = self.env.step(ep, texts[i])
+                    if r != out.reward[t][i] or float(d) != out.done[t][i]:
+                        raise ConfigError(f"the compiled turn loop and the host {self.env.name} disagree at turn "
+                                          f"{t + 1} on {texts[i]!r} (reward {out.reward[t][i]} vs {r}): the tokenizer "
+                                          "merges tokens across turns; use turn_loop: host.")
+            name = self.turn_roles[t]
+            turns.append({"role": self.role_names.index(name), "role_name": name,
+                          **{k: np.asarray(getattr(out, k)[t]) for k in out._fields}})
         return episodes, turns, times
 
     def transitions(self, turns: list[dict]) -> tuple[Transitions, np.ndarray]:

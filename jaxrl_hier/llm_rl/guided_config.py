@@ -37,6 +37,10 @@ class GuidedConfig:
     game_max_turns: int = 5
     max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
     max_new_tokens: int = 9       # tokens of an utterance (answer or hint, EOS included)
+    # how a batch of episodes is played: "compiled" = one jitted loop over turns, the env's replies computed
+    # from token ids in JAX (tasks.text_games_jax; guess_number), "host" = one generation call per turn and
+    # the env in host Python between them, "auto" = compiled where the env has a JAX form
+    turn_loop: Literal["auto", "compiled", "host"] = "auto"
 
     # ---- the backbone: a local Hugging Face directory, or a tiny Qwen2-shaped model built from scratch
     model: ModelSection = field(default_factory=ModelSection)
@@ -157,6 +161,9 @@ class GuidedConfig:
             raise ConfigError(f"replay_capacity={self.replay_capacity} is smaller than one iteration's utterances "
                               f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
                               "raise it.")
+        if self.turn_loop == "compiled" and self.env != "guess_number":
+            raise ConfigError(f"turn_loop: compiled needs an env with a JAX form (guess_number); env: {self.env} "
+                              "replies from host Python: use turn_loop: auto or host.")
         if self.env == "guess_number" and self.guidance_model_path:
             raise ConfigError("guidance_model_path applies to env: two_turn only (guess_number has no guidance turn).")
         if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:

@@ -212,6 +212,7 @@ def write_config(tmp_path, **overrides):
     ("hint_kind=hints", "hint_kind"),
     ("group_size=3", "group_size=3 must divide"),
     ("advantage=group", "set group_size >= 2"),
+    ("turn_loop=compiled", "turn_loop: compiled needs an env with a JAX form"),
 ])
 def test_bad_input_exits_2_before_compiling(tmp_path, capsys, override, message):
     out = tmp_path / "run"

@@ -1,0 +1,157 @@
+"""Multi-turn episodes as one compiled loop (llm_rl.turns) over a JAX environment (tasks.text_games_jax):
+the JAX guess parser agrees with the host game's on every kind of utterance; a scripted batch of
+games played by the compiled loop gives, turn by turn, the host game's rewards, ends and state text;
+a tiny random model's sampled games replay the same way on the host."""
+
+import random
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_hier.llm.sampling import GenerateOutput, sample_tokens
+from jaxrl_hier.llm_rl.data import encode_completions, special_ids
+from jaxrl_hier.llm_rl.turns import compiled_rollout
+from jaxrl_hier.tasks import build_char_tokenizer
+from jaxrl_hier.tasks.jax_rewards import decode_completions
+from jaxrl_hier.tasks.text_games import GuessEpisode, GuessNumberEnv
+from jaxrl_hier.tasks.text_games_jax import GuessNumberJax
+
+TOK = build_char_tokenizer()
+N = 5  # utterance tokens
+
+
+def utterance_ids(texts, eos=True):
+    ids, mask, _ = encode_completions(TOK, texts, N, add_eos=eos)
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
+def test_the_jax_parser_agrees_with_the_host_game():
+    game = GuessNumberEnv(high=100, max_turns=8)
+    env = GuessNumberJax.build(game, TOK, len(TOK))
+    rng = random.Random(0)
+    texts = ["7", " 42", "42 ", " 9\n", "100", "101", "0", "007", "07", "4 2", "x1", "1x", "", " ", "12a", "99",
+             "1000", "\n5", "5\n\n", "-3"]
+    texts += ["".join(rng.choice("0123456789 \na") for _ in range(rng.randrange(1, N))) for _ in range(300)]
+    ids, mask = utterance_ids(texts)
+    got = np.asarray(env.parse(ids, mask))
+    want = [game._parse(t) or 0 for t in decode_completions(TOK, ids, mask)]
+    assert got.tolist() == want
+    assert sum(w > 0 for w in want) > 50 and sum(w == 0 for w in want) > 50  # both kinds well covered
+    # no EOS within N tokens (the utterance ran out), and a special token inside: the host's reading too
+    pad, bos, _ = special_ids(TOK)
+    raw = np.asarray(utterance_ids(["12345"], eos=False)[0])
+    spec = raw.copy()
+    spec[0, 1] = bos
+    both = jnp.asarray(np.concatenate([raw, spec]))
+    ones = jnp.ones_like(both)
+    assert np.asarray(env.parse(both, ones)).tolist() == [game._parse(t) or 0 for t in
+                                                          decode_completions(TOK, both, ones)] == [0, 0]
+
+
+def host_replay(game, secrets, texts_per_turn):
+    """The host game played with the same utterances: per turn (state text, reward, done, valid)."""
+    eps = [GuessEpisode(s) for s in secrets]
+    rows = []
+    for texts in texts_per_turn:
+        row = []
+        for i, ep in enumerate(eps):
+            before = game.observation(ep)
+            if ep.done:
+                row.append((before, 0.0, 1.0, 0.0))
+                continue
+            eps[i], r, d = game.step(ep, texts[i])
+            row.append((before, r, float(d), 1.0))
+        rows.append(row)
+    return rows, eps
+
+
+def context_texts(ids, mask):
+    """Each row's context, its masked-out padding skipped (BOS shown as the host's state carries none)."""
+    _, bos, _ = special_ids(TOK)
+    return [TOK.decode([int(i) for i, m in zip(r, mr) if m and i != bos], clean_up_tokenization_spaces=False)
+            for r, mr in zip(np.asarray(ids), np.asarray(mask))]
+
+
+def test_scripted_games_match_the_host_game_turn_by_turn():
+    game = GuessNumberEnv(high=20, max_turns=5)
+    env = GuessNumberJax.build(game, TOK, len(TOK))
+    secrets = [7, 20, 1, 13, 5, 9]
+    plays = [["10", "10", "x", "13", " 5", "3"],      # turn 1: lower, lower, bad, hit, hit (spaces), higher
+             ["5", "15", "21", "13", "2", "8 "],
+             ["7", "25", "0", "1", "1", "09"],           # hit; out of range; bad; (ended); (ended); hit as "09"
+             ["1", "20", "2", "1", "1", "1"],
+             ["1", "19", "2", "1", "1", "1"]]
+    tokens = jnp.stack([utterance_ids(p)[0] for p in plays])
+    masks = jnp.stack([utterance_ids(p)[1] for p in plays])
+
+    def sample(t, policy, ids, mask, rng, greedy):  # says plays[t], whatever the context
+        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
+
+    S = env.obs_len + (game.max_turns - 1) * env.append_len
+    state, ids, mask = env.initial([GuessEpisode(s) for s in secrets])
+    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids, mask, jax.random.key(0))
+    want, eps = host_replay(game, secrets, plays)
+    for t, row in enumerate(want):
+        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
+        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
+        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
+        assert np.asarray(turns.valid[t]).tolist() == [w[3] for w in row], t
+        live = [i for i, w in enumerate(row) if not w[2]]  # the next state of a game still on: the next turn's
+        if t + 1 < len(want):
+            assert [context_texts(turns.next_state[t], turns.next_mask[t])[i] for i in live] == \
+                [want[t + 1][i][0] for i in live]
+    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [True, True, False, True, True, True]
+    assert np.asarray(state.turn).tolist() == [e.turn for e in eps] == [3, 4, 5, 1, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def game_agents():
+    """One tiny random backbone playing guess-the-number (1..12, 6 turns) through the compiled loop and
+    through the host loop."""
+    import dataclasses
+
+    from jaxrl_hier.config import build_dataclass
+    from jaxrl_hier.llm_rl.guided import make_env, make_train
+    from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+    from jaxrl_hier.llm_rl.model_setup import build_policy
+
+    cfg = build_dataclass(GuidedConfig, dict(
+        env="guess_number", game_high=12, game_max_turns=6, max_new_tokens=3, temperature=1.0,
+        model=dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64), lora_rank=2,
+        critic="backbone", critic_mlp_hidden=16, episodes_per_iteration=12, replay_capacity=128))
+    env = make_env(cfg)
+    lm, tok = build_policy(cfg, TOK)
+    compiled = make_train(cfg, env, lm, tok)
+    host = make_train(dataclasses.replace(cfg, turn_loop="host"), env, lm, tok)
+    assert compiled.jax_env is not None and host.jax_env is None
+    return compiled, host
+
+
+def test_the_compiled_loop_plays_the_host_loops_games(game_agents):
+    compiled, host = game_agents
+    state = compiled.init(jax.random.key(0))
+    for greedy, key in ((True, None), (False, jax.random.key(3))):
+        eps = compiled.env.evaluation_episodes("test", 12, 0)
+        got_eps, got, times = compiled.rollout(state, list(eps), key, greedy=greedy)
+        want_eps, want, _ = host.rollout(state, list(eps), key, greedy=greedy)
+        assert "time/turns" in times and len(got) == compiled.env.max_turns
+        assert [e.guesses for e in got_eps] == [e.guesses for e in want_eps]
+        assert [(e.turn, e.success, e.ret) for e in got_eps] == [(e.turn, e.success, e.ret) for e in want_eps]
+        for t in range(len(want)):  # the host loop stops once every game has ended
+            for k in ("action", "action_mask", "reward", "done", "valid"):
+                np.testing.assert_array_equal(got[t][k], want[t][k], err_msg=f"turn {t} {k} greedy={greedy}")
+            # the same tokens in each state (the compiled context keeps a short reply's padding inside)
+            assert compact(got[t]["state"], got[t]["state_mask"]) == compact(want[t]["state"], want[t]["state_mask"])
+            live = [i for i, d in enumerate(want[t]["done"]) if not d]
+            assert [compact(got[t]["next_state"], got[t]["next_mask"])[i] for i in live] == \
+                [compact(want[t]["next_state"], want[t]["next_mask"])[i] for i in live]
+            np.testing.assert_allclose(got[t]["logprobs"], want[t]["logprobs"], atol=1e-5)
+        assert all(not np.asarray(got[t]["valid"]).any() for t in range(len(want), len(got)))
+    # the random policy's sampled games run to the turn limit, with bad guesses and misses
+    assert max(e.turn for e in got_eps) == 6 and any("?" in e.guesses for e in got_eps)
+
+
+def compact(ids, mask):
+    return [[int(i) for i, m in zip(r, mr) if m] for r, mr in zip(np.asarray(ids), np.asarray(mask))]
