@@ -150,7 +150,6 @@ def run_logged(cmd: list[str], log: Path, cwd: Path) -> None:
     """One step of a sweep in its own process (its memory goes with it), its output in `log`; exits the
     sweep with the command and the log's path when the step fails."""
     import subprocess
-    import sys
 
     t0 = time.perf_counter()
     Path(log).parent.mkdir(parents=True, exist_ok=True)

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_hier.llm.sampling import GenerateOutput, sample_tokens
+from jaxrl_hier.llm.sampling import GenerateOutput
 from jaxrl_hier.llm_rl.data import encode_completions, special_ids
 from jaxrl_hier.llm_rl.turns import compiled_rollout
 from jaxrl_hier.tasks import build_char_tokenizer
 from jaxrl_hier.tasks.jax_rewards import decode_completions
 from jaxrl_hier.tasks.text_games import GuessEpisode, GuessNumberEnv
-from jaxrl_hier.tasks.text_games_jax import GuessNumberJax
+from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, token_classes
 
 TOK = build_char_tokenizer()
 N = 5  # utterance tokens
@@ -155,3 +155,31 @@ def test_the_compiled_loop_plays_the_host_loops_games(game_agents):
 
 def compact(ids, mask):
     return [[int(i) for i, m in zip(r, mr) if m] for r, mr in zip(np.asarray(ids), np.asarray(mask))]
+
+
+def test_the_parser_reads_multi_character_tokens_as_their_text():
+    """A vocabulary with tokens such as " 12", "3 ", "4\n" and "  " (as BPE vocabularies have): random id
+    sequences parse as the host parses their decoded text."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models
+
+    pieces = ["1", "2", "3", "12", " 12", "3 ", "4\n", "  ", " ", "\n", "07", "999", "a", "1a", " 5 ", "0"]
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{p: 4 + i for i, p in enumerate(pieces)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                               eos_token="<eos>", unk_token="<unk>", clean_up_tokenization_spaces=False)
+    game = GuessNumberEnv(high=200, max_turns=8)
+    classes = token_classes(tok, len(tok))
+    assert classes["digits"][vocab[" 12"]] == 2 and classes["lead"][vocab[" 12"]] == 1
+    assert classes["cls"][vocab["1a"]] == 0 and classes["cls"][vocab["  "]] == 1
+    env = GuessNumberJax(game, np.zeros(1, np.int32), np.zeros((1, 1), np.int32), np.zeros((1, 1), np.int32),
+                         classes, eos=2, pad=0)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(4, len(tok), size=(400, 4))
+    ids[rng.random(400) < 0.3, rng.integers(1, 4)] = 2  # EOS somewhere in some rows
+    ids[:40, 0], ids[:40, 1:] = rng.choice([vocab["12"], vocab[" 12"], vocab["3 "], vocab["07"]], 40), 2
+    mask = np.ones_like(ids)
+    got = np.asarray(env.parse(jnp.asarray(ids), jnp.asarray(mask))).tolist()
+    want = [game._parse(t) or 0 for t in decode_completions(tok, ids, mask)]
+    assert got == want and sum(w > 0 for w in want) >= 40
