@@ -16,7 +16,9 @@ One iteration, top to bottom:
    encoded into one static [B, S] array and the speaking role's adapter samples every utterance in
    one call of the sampling core: a two-turn episode (answer, hint, answer) costs three generation
    calls per batch, not three per problem. The environment (host Python: the answer checker, the
-   game's oracle) turns the utterances into rewards and the next states.
+   game's oracle) turns the utterances into rewards and the next states. An environment with a JAX
+   form (guess-the-number: `tasks.text_games_jax`) plays the whole batch as one compiled loop over
+   turns instead (`turn_loop`, `llm_rl.turns`), with the same arrays out.
 2. Replay. Every utterance of a live episode is a transition (state, utterance, reward, next
    state, done, role) written into the on-device replay buffer (`llm_rl.replay`).
 3. Critic. `critic_steps` steps in one compiled scan: sample a batch uniformly from the buffer,
@@ -289,8 +291,9 @@ class GuidedAgent:
                     episodes[i], r, d = self.env.step(ep, texts[i])
                     if r != out.reward[t][i] or float(d) != out.done[t][i]:
                         raise ConfigError(f"the compiled turn loop and the host {self.env.name} disagree at turn "
-                                          f"{t + 1} on {texts[i]!r} (reward {out.reward[t][i]} vs {r}): the tokenizer "
-                                          "merges tokens across turns; use turn_loop: host.")
+                                          f"{t + 1} on {texts[i]!r} (reward {out.reward[t][i]} vs {r}): with this tokenizer the "
+                                          "JAX form does not read or render turns as the host does; use "
+                                          "turn_loop: host.")
             name = self.turn_roles[t]
             turns.append({"role": self.role_names.index(name), "role_name": name,
                           **{k: np.asarray(getattr(out, k)[t]) for k in out._fields}})
