@@ -153,6 +153,9 @@ class GuidedAgent:
         self.critic_opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(c.critic_learning_rate))
         self._gen = JitCache()
         self.jax_env = None if c.turn_loop == "host" else jax_form(env, tokenizer, lm.config.vocab_size)
+        if c.turn_loop == "compiled" and self.jax_env is None:
+            raise ConfigError(f"turn_loop: compiled: {env.name} has no JAX form with this tokenizer (it writes "
+                              "letters in merged tokens); use turn_loop: auto or host.")
         if self.jax_env is not None:
             check_state_len(self.jax_env, self.S)
             self._turn_loop = {greedy: jax.jit(functools.partial(compiled_rollout(self.jax_env, self._turn_sampler(),
@@ -514,10 +517,12 @@ def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> 
 def make_env(config: GuidedConfig) -> Any:
     """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
     from jaxrl_hier.tasks import task_from_config
-    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwoTurnEnv
+    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwoTurnEnv, WordleEnv
 
     if config.env == "guess_number":
         return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
+    if config.env == "wordle":
+        return WordleEnv(max_turns=config.game_max_turns)
     return TwoTurnEnv(task_from_config(config), wrong_fraction=config.hint_wrong_fraction,
                       max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
 

@@ -73,8 +73,9 @@ def evaluation_episodes(env: Any, n: int, seed: int, split: str = "test") -> Cal
     distinct secrets) for each evaluation, after a log line of how many there are. `env.step`
     copies an episode rather than changing it, so the games can be reused."""
     first = env.evaluation_episodes(split, n, seed)
-    what = f"{split} problems" if env.name != "guess_number" else \
-        f"{split} secrets of 1..{env.high} (no secret is held out)"
+    what = {"guess_number": lambda: f"{split} secrets of 1..{env.high} (no secret is held out)",
+            "wordle": lambda: f"{split} secret words (disjoint from the other splits')"}.get(
+        env.name, lambda: f"{split} problems")()
     short = "; all the split holds" if len(first) < n else ""
     log(f"evaluation: {len(first)} distinct {what} (asked for {n}{short})")
     return lambda: list(first)
@@ -82,18 +83,18 @@ def evaluation_episodes(env: Any, n: int, seed: int, split: str = "test") -> Cal
 
 def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> None:
     """two_turn: turn-1 and turn-2 accuracy (sampled train; greedy on validation, and on test at the start
-    and the end); guess_number: turns per game and success (greedy over every secret, which come from the
-    range training uses: `GuessNumberEnv`)."""
+    and the end); the games: turns per game and success (wordle: greedy on validation and test words;
+    guess_number: greedy over every secret, which come from the range training uses: `GuessNumberEnv`)."""
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
     keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
         (("turns", "turns per game"), ("success", "success rate"))
-    evaluated = "validation" if env == "two_turn" else "every secret"
+    evaluated = "every secret" if env == "guess_number" else "validation"
     series = []
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
         series += [Series(f"train/{key}", f"{label} (sampled, train)", color=color, alpha=0.35),
                    Series(f"eval/{key}", f"{label} (greedy, {evaluated})", style="o-", color=color)]
-        if env == "two_turn":
+        if env != "guess_number":  # its validation and test games are the same secrets
             series.append(Series(f"test/{key}", f"{label} (greedy, test: start, end)", style="s", color=color))
     plot_curves(records, path, x="step", legend_fontsize=8, panels=[Panel("iteration", tuple(series), title=title)])
 
@@ -202,7 +203,8 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
         key = "test/turn2_accuracy" if config.env == "two_turn" else "test/turns"
         evals = [(r["step"], r.get("test/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
-        evaluated = "test" if config.env == "two_turn" else f"over {len(test())} secrets of the training range,"
+        evaluated = {"two_turn": "test", "wordle": f"over {len(test())} test words,"}.get(
+            config.env, f"over {len(test())} secrets of the training range,")
         log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; {evaluated} {key} "
             f"{evals[0][2] if evals else None} -> {evals[-1][2] if evals else None}"
             + (f" (turn 1: {evals[0][1]} -> {evals[-1][1]})" if config.env == "two_turn" and evals else "")

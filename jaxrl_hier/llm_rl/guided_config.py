@@ -17,8 +17,9 @@ from jaxrl_hier.llm_rl.config import MODEL_MOVED_KEYS, SFT_MOVED_KEYS, ModelSect
 class GuidedConfig:
     seed: int = 0
 
-    # ---- environment: "two_turn" (answer, hint, answer on a task) or "guess_number" (higher/lower game)
-    env: Literal["two_turn", "guess_number"] = "two_turn"
+    # ---- environment: "two_turn" (answer, hint, answer on a task), "guess_number" (higher/lower game) or
+    # "wordle" (five-letter words with letter feedback; game_max_turns guesses)
+    env: Literal["two_turn", "guess_number", "wordle"] = "two_turn"
     task: str = "arithmetic"
     task_operators: str = "+-"
     task_digits: int = 1
@@ -161,11 +162,14 @@ class GuidedConfig:
             raise ConfigError(f"replay_capacity={self.replay_capacity} is smaller than one iteration's utterances "
                               f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
                               "raise it.")
-        if self.turn_loop == "compiled" and self.env != "guess_number":
-            raise ConfigError(f"turn_loop: compiled needs an env with a JAX form (guess_number); env: {self.env} "
+        if self.turn_loop == "compiled" and self.env == "two_turn":
+            raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle); env: two_turn "
                               "replies from host Python: use turn_loop: auto or host.")
-        if self.env == "guess_number" and self.guidance_model_path:
-            raise ConfigError("guidance_model_path applies to env: two_turn only (guess_number has no guidance turn).")
+        if self.env != "two_turn" and self.guidance_model_path:
+            raise ConfigError(f"guidance_model_path applies to env: two_turn only ({self.env} has no guidance turn).")
+        if self.env == "wordle" and self.max_new_tokens < 6:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a five-letter guess plus EOS; "
+                              "raise it to 6.")
         if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a guess up to {self.game_high} plus "
                               f"EOS; raise it to {len(str(self.game_high)) + 1}.")

@@ -362,16 +362,188 @@ class GuessNumberEnv:
         return self._parse(completion) is not None
 
     def summarize(self, episodes: Sequence[GuessEpisode]) -> dict[str, float]:
-        """Success rate, mean turns (a failed episode counts max_turns), mean turns of the successes, return."""
-        n = max(len(episodes), 1)
-        wins = [e for e in episodes if e.success]
-        return {"success": len(wins) / n, "turns": sum(e.turn for e in episodes) / n,
-                "turns_to_success": (sum(e.turn for e in wins) / len(wins)) if wins else float(self.max_turns),
-                "return": sum(e.ret for e in episodes) / n}
+        return game_summary(episodes, self.max_turns)
 
     def record(self, ep: GuessEpisode) -> dict[str, Any]:
         return {"secret": ep.secret, "guesses": ep.guesses + ([str(ep.secret)] if ep.success else []),
                 "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
+
+
+# ----------------------------------------------------------------------------- wordle
+
+#: the shipped word list: every guess must be one of these; secrets split into train, validation and test
+WORDS = tuple("""
+about above actor acute admit adopt adult after again agent agree ahead alarm album alert alike alive allow
+alone along alter among anger angle angry apart apple apply arena argue arise array aside asset audio audit
+avoid award aware badly baker basic basis beach began begin being below bench birth black blame blind block
+blood board boost booth bound brain brand bread break breed brief bring broad broke brown build built buyer
+cable cargo camel canal candy carry catch cause chain chair chart chase cheap check chest chief child china
+chose civil claim class clean clear click clock close coach coast could count court cover craft crash cream
+crime cross crowd crown curve cycle daily dance dated dealt death debut delay depth doing doubt dozen draft
+drama drawn dream dress drink drive drove dying eager early earth eight elite empty enemy enjoy enter entry
+equal error event every exact exist extra faith false fault fiber field fifth fifty fight final first flash
+fleet floor fluid focus force forth forty forum found frame frank fraud fresh front fruit fully funny giant
+given glass globe going grace grade grand grant grass great green gross group grown guard guess guest guide
+happy heart heavy hence horse hotel house human ideal image index inner input issue joint judge known label
+large laser later laugh layer learn lease least leave legal level light limit local logic loose lower lucky
+lunch major maker march match maybe mayor meant media metal might minor minus mixed model money month moral
+motor mount mouse mouth movie music needs never newly night noise north noted novel nurse occur ocean offer
+often order other owner panel paper party peace phase phone photo piece pilot pitch place plain plane plant
+plate point pound power press price pride prime print prior prize proof proud prove queen quick quiet quite
+radio raise range rapid ratio reach ready refer right rival river robin rough round route royal rural scale
+scene scope score sense serve seven shall shape share sharp sheet shelf shell shift shirt shock shoot short
+shown sight since sixth sixty sized skill sleep slide small smart smile smith smoke solid solve sorry sound
+south space spare speak speed spend spent split spoke sport staff stage stake stand start state steam steel
+stick still stock stone stood store storm story strip stuck study stuff style sugar suite super sweet table
+taken taste taxes teach teeth thank theft their theme there these thick thing think third those three threw
+throw tight timer title today topic total touch tough tower track trade train treat trend trial tried tries
+truck truly trust truth twice under undue union unity until upper upset urban usage usual valid value video
+virus visit vital voice waste watch water wheel where which while white whole whose woman women world worry
+worse worst worth would wound write wrong wrote yield young youth
+""".split())
+
+
+@dataclasses.dataclass
+class WordleEpisode:
+    secret: str
+    guesses: list = dataclasses.field(default_factory=list)
+    replies: list = dataclasses.field(default_factory=list)
+    turn: int = 0
+    done: bool = False
+    success: bool = False
+    ret: float = 0.0
+
+
+def wordle_feedback(guess: str, secret: str) -> str:
+    """Per letter: `g` in the right place, `y` elsewhere in the secret, `.` not in it (letters are
+    judged one by one, repeats not counted down)."""
+    return "".join("g" if g == s else "y" if g in secret else "." for g, s in zip(guess, secret))
+
+
+@dataclasses.dataclass(frozen=True)
+class WordleEnv:
+    """Find a secret five-letter word of `WORDS` in at most `max_turns` guesses, each a word of the list;
+    each missed guess is answered with its letters' feedback (`wordle_feedback`). State text:
+    "wordle:\n" then one line per turn, "crane .gy..\n" (an utterance that is not a listed word: "? bad").
+    Reward -1 per missed turn, 0 for the hit. The secrets of the three splits are disjoint (a fixed
+    share of the list each, by the word's hash: `tasks.base.split_of`), so test words are never
+    secrets in training, though any word may be guessed. Warm-start guesses are uniform over the
+    words still consistent with the feedback so far."""
+
+    max_turns: int = 6
+    name: str = "wordle"
+    word_length: int = 5
+
+    def __post_init__(self):
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
+            raise ConfigError(f"wordle: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
+
+    def secrets(self, split: str) -> list[str]:
+        """The split's secret words (20% test, 20% validation, the rest train; disjoint)."""
+        from jaxrl_hier.tasks.base import split_of
+
+        return [w for w in WORDS if split_of(f"{self.name}:{w}", 0.2, 0.2) == split]
+
+    def speaker(self, turn: int) -> str:
+        return ACTOR
+
+    def reset(self, split: str, n: int, seed: int) -> list[WordleEpisode]:
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, self.name), self.secrets(split)
+        return [WordleEpisode(rng.choice(pool)) for _ in range(n)]
+
+    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[WordleEpisode]:
+        """Games of up to n distinct secrets of the split, in the order the split's draw meets them."""
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, self.name), self.secrets(split)
+        secrets: dict[str, None] = {}
+        while len(secrets) < min(n, len(pool)):
+            secrets.setdefault(rng.choice(pool))
+        return [WordleEpisode(s) for s in secrets]
+
+    def header(self) -> str:
+        return "wordle:\n"
+
+    def render(self, guesses: Sequence[str], replies: Sequence[str]) -> str:
+        return self.header() + "".join(f"{g} {r}\n" for g, r in zip(guesses, replies))
+
+    def observation(self, ep: WordleEpisode) -> str:
+        return self.render(ep.guesses, ep.replies)
+
+    def max_state_chars(self) -> int:
+        return len(self.header()) + (self.max_turns - 1) * (2 * self.word_length + 2)
+
+    def _parse(self, utterance: str) -> str | None:
+        text = utterance.strip()
+        return text if text in _WORD_SET else None
+
+    def step(self, ep: WordleEpisode, utterance: str) -> tuple[WordleEpisode, float, bool]:
+        ep = dataclasses.replace(ep, guesses=list(ep.guesses), replies=list(ep.replies))
+        guess = self._parse(utterance)
+        ep.turn += 1
+        if guess == ep.secret:
+            ep.success = ep.done = True
+            return ep, 0.0, True
+        ep.guesses.append("?" if guess is None else guess)
+        ep.replies.append("bad" if guess is None else wordle_feedback(guess, ep.secret))
+        ep.ret -= 1.0
+        ep.done = ep.turn >= self.max_turns
+        return ep, -1.0, ep.done
+
+    def consistent(self, guesses: Sequence[str], replies: Sequence[str]) -> list[str]:
+        """The words whose feedback to every past guess is the reply it got."""
+        pairs = [(g, r) for g, r in zip(guesses, replies) if r != "bad"]
+        return [w for w in WORDS if all(wordle_feedback(g, w) == r for g, r in pairs)]
+
+    def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
+        """Warm-start examples: a history of guesses drawn uniformly from the words still consistent,
+        cut at a random turn, and the next such guess as the target (secrets of `split`)."""
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, f"{self.name}:sft"), self.secrets(split)
+        out = []
+        while len(out) < n:
+            secret = rng.choice(pool)
+            guesses: list[str] = []
+            replies: list[str] = []
+            cut = rng.randrange(self.max_turns)
+            while True:
+                guess = rng.choice(self.consistent(guesses, replies))
+                if len(guesses) == cut or guess == secret:
+                    out.append(Problem(self.render(guesses, replies), secret, guess,
+                                       {"task": self.name, "split": split, "guesses": list(guesses),
+                                        "replies": list(replies)}))
+                    break
+                guesses.append(guess)
+                replies.append(wordle_feedback(guess, secret))
+        return out
+
+    def sft_correct(self, problem: Problem, completion: str) -> bool:
+        """A warm-start guess is good when it is a word still consistent with the feedback so far."""
+        guess = self._parse(completion)
+        return guess is not None and guess in self.consistent(problem.meta["guesses"], problem.meta["replies"])
+
+    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
+        return self._parse(completion) is not None
+
+    def summarize(self, episodes: Sequence[WordleEpisode]) -> dict[str, float]:
+        return game_summary(episodes, self.max_turns)
+
+    def record(self, ep: WordleEpisode) -> dict[str, Any]:
+        return {"secret": ep.secret, "guesses": ep.guesses + ([ep.secret] if ep.success else []),
+                "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
+
+
+_WORD_SET = frozenset(WORDS)
+
+
+def game_summary(episodes: Sequence[Any], max_turns: int) -> dict[str, float]:
+    """A game's summary: success rate, mean turns (a failed episode counts max_turns), mean turns of the
+    successes, return."""
+    n = max(len(episodes), 1)
+    wins = [e for e in episodes if e.success]
+    return {"success": len(wins) / n, "turns": sum(e.turn for e in episodes) / n,
+            "turns_to_success": (sum(e.turn for e in wins) / len(wins)) if wins else float(max_turns),
+            "return": sum(e.ret for e in episodes) / n}
 
 
 def optimal_guess_turns(high: int) -> float:
@@ -390,4 +562,5 @@ def optimal_guess_turns(high: int) -> float:
 
 
 __all__ = ["ACTOR", "GUIDANCE", "HINTS", "HINT_KINDS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
-           "first_step", "rule_hint", "optimal_guess_turns"]
+           "WORDS", "WordleEnv", "WordleEpisode", "wordle_feedback", "game_summary", "first_step", "rule_hint",
+           "optimal_guess_turns"]

@@ -25,6 +25,8 @@ host environment's state text (`observation(ep)`), which a test checks turn by t
   (`GuessNumberEnv._parse`); a special token in it makes it a bad guess, as the host decoding
   renders it U+FFFD. The digit/whitespace class of every vocabulary entry is read once from the
   tokenizer, so multi-character tokens (" 12") parse as their text does.
+- `WordleJax`: `text_games.WordleEnv` in JAX, for tokenizers that write letters one per token (see
+  the class); the feedback line is composed from letter and mark ids.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ import numpy as np
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.tasks.text_games import GuessNumberEnv
+from jaxrl_hier.tasks.text_games import WORDS, GuessNumberEnv, WordleEnv
 
 OTHER, SPACE, DIGITS = 0, 1, 2  # a vocabulary entry's class for the guess parser
+SPACE_CODE = -2  # Wordle's parser: a whitespace token
 
 
 class GuessState(struct.PyTreeNode):
@@ -174,11 +177,146 @@ class GuessNumberJax:
         return new, jnp.where(append_mask == 1, append_ids, self.pad), append_mask, reward, done
 
 
+class WordleState(struct.PyTreeNode):
+    secret: jax.Array   # [B, L] int32 letter codes (0 = "a")
+    turn: jax.Array     # [B] int32
+    done: jax.Array     # [B] bool
+    success: jax.Array  # [B] bool
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WordleJax:
+    """`text_games.WordleEnv` in JAX, for tokenizers that write each letter, space and newline as one token
+    and have no token of several letters or spaces (the char-level one): `build` returns None for
+    others, and the guided agent then plays the host loop. An utterance is a guess when its text, cut at
+    EOS and stripped of whitespace, is a listed word; the reply line ("crane .gy..\n") is composed from
+    the letters' and the feedback marks' ids."""
+
+    game: WordleEnv
+    obs: np.ndarray         # [O] BOS + header ids
+    letter_of: np.ndarray   # [V] int32: a letter token's code 0..25, SPACE_CODE for whitespace, -1 otherwise
+    words: np.ndarray       # [W, L] int32 letter codes of WORDS
+    letter_ids: np.ndarray  # [26] each letter's token id
+    marks: np.ndarray       # [3] ids of "g", "y", "." (the feedback marks)
+    space: int
+    newline: int
+    bad_line: np.ndarray    # [A] "? bad\n", left-padded
+    bad_mask: np.ndarray    # [A]
+    eos: int
+    pad: int
+
+    @classmethod
+    def build(cls, game: WordleEnv, tokenizer: Any, vocab_size: int) -> "WordleJax | None":
+        from jaxrl_hier.llm_rl.data import special_ids
+
+        pad, bos, eos = special_ids(tokenizer)
+        special = set(tokenizer.all_special_ids)
+        letter_of = np.full(vocab_size, -1, np.int32)
+        ids: dict[str, int] = {}
+        for i in range(min(vocab_size, len(tokenizer))):
+            if i in special:
+                continue
+            text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
+            if len(text) > 1 and all(ch in string.ascii_lowercase + string.whitespace for ch in text):
+                return None  # a merged token the per-character parser would misread
+            if len(text) == 1:
+                ids.setdefault(text, i)
+                if text in string.ascii_lowercase:
+                    letter_of[i] = ord(text) - ord("a")
+                elif text in string.whitespace:
+                    letter_of[i] = SPACE_CODE
+        if any(ch not in ids for ch in string.ascii_lowercase + " \ngy.?"):
+            return None
+        header = tokenizer(game.header(), add_special_tokens=False)["input_ids"]
+        obs = np.asarray(([bos] if bos is not None else []) + list(header), np.int32)
+        width = 2 * game.word_length + 2
+        bad_line, bad_mask = _encode(tokenizer, [game.render(["?"], ["bad"])[len(game.header()):]], width)
+        words = np.asarray([[ord(ch) - ord("a") for ch in w] for w in WORDS], np.int32)
+        return cls(game, obs, letter_of, words, np.asarray([ids[ch] for ch in string.ascii_lowercase], np.int32),
+                   np.asarray([ids["g"], ids["y"], ids["."]], np.int32), ids[" "], ids["\n"], bad_line[0],
+                   bad_mask[0], eos, pad)
+
+    @property
+    def max_turns(self) -> int:
+        return self.game.max_turns
+
+    @property
+    def obs_len(self) -> int:
+        return len(self.obs)
+
+    @property
+    def append_len(self) -> int:
+        return len(self.bad_line)
+
+    def initial(self, episodes: Sequence[Any]) -> tuple[WordleState, jax.Array, jax.Array]:
+        b = len(episodes)
+        if not b:
+            raise ConfigError("WordleJax.initial: no episodes.")
+        secret = jnp.asarray([[ord(ch) - ord("a") for ch in ep.secret] for ep in episodes], jnp.int32)
+        state = WordleState(secret, jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), jnp.zeros(b, bool))
+        ids = jnp.broadcast_to(jnp.asarray(self.obs), (b, self.obs_len))
+        return state, ids, jnp.ones_like(ids)
+
+    def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
+        """[B] the index in WORDS of each utterance's word, -1 where it is not a listed word."""
+        length = self.game.word_length
+        letter_of = jnp.asarray(self.letter_of)
+
+        def one(carry, tok_m):
+            phase, bad, count, letters, ended = carry  # phase 0: leading space, 1: letters, 2: trailing space
+            tok, m = tok_m
+            ended = ended | (m == 0) | (tok == self.eos)
+            live = ~ended
+            code = letter_of[tok]
+            is_letter = live & (code >= 0)
+            bad = bad | (live & (code == -1)) | (is_letter & ((phase == 2) | (count >= length)))
+            slot = jnp.minimum(count, length - 1)
+            letters = jnp.where(is_letter[:, None] & (jnp.arange(length)[None] == slot[:, None]), code[:, None],
+                                letters)
+            count = count + is_letter
+            phase = jnp.where(is_letter, 1, jnp.where(live & (code == SPACE_CODE) & (phase == 1), 2, phase))
+            return (phase, bad, count, letters, ended), None
+
+        b = utterance.shape[0]
+        zeros = jnp.zeros(b, jnp.int32)
+        init = (zeros, jnp.zeros(b, bool), zeros, jnp.zeros((b, length), jnp.int32), jnp.zeros(b, bool))
+        (_, bad, count, letters, _), _ = jax.lax.scan(one, init, (utterance.T, mask.T))
+        match = jnp.all(letters[:, None, :] == jnp.asarray(self.words)[None], axis=-1)  # [B, W]
+        ok = ~bad & (count == length) & match.any(axis=1)
+        return jnp.where(ok, jnp.argmax(match, axis=1), -1)
+
+    def step(self, state: WordleState, utterance: jax.Array, mask: jax.Array
+             ) -> tuple[WordleState, jax.Array, jax.Array, jax.Array, jax.Array]:
+        index = self.parse(utterance, mask)
+        guess = jnp.asarray(self.words)[jnp.maximum(index, 0)]  # [B, L]
+        live = ~state.done
+        hit = live & (index >= 0) & jnp.all(guess == state.secret, axis=1)
+        miss = live & ~hit
+        # feedback per letter: 0 "g" (right place), 1 "y" (elsewhere in the secret), 2 "." (absent)
+        present = jnp.any(guess[:, :, None] == state.secret[:, None, :], axis=2)
+        mark = jnp.where(guess == state.secret, 0, jnp.where(present, 1, 2))
+        b = guess.shape[0]
+        line = jnp.concatenate([jnp.asarray(self.letter_ids)[guess], jnp.full((b, 1), self.space),
+                                jnp.asarray(self.marks)[mark], jnp.full((b, 1), self.newline)], axis=1)
+        line_mask = jnp.ones_like(line)
+        bad = (index < 0)[:, None]
+        append_ids = jnp.where(bad, jnp.asarray(self.bad_line)[None], line)
+        append_mask = jnp.where(bad, jnp.asarray(self.bad_mask)[None], line_mask) * miss[:, None]
+        turn = state.turn + live
+        done = state.done | hit | (turn >= self.game.max_turns)
+        reward = jnp.where(miss, -1.0, 0.0).astype(jnp.float32)
+        new = WordleState(state.secret, turn, done, state.success | hit)
+        return new, jnp.where(append_mask == 1, append_ids, self.pad), append_mask, reward, done
+
+
 def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
-    """The JAX form of a host environment (`text_games`), or None where its replies need host Python."""
+    """The JAX form of a host environment (`text_games`), or None where its replies need host Python
+    (the two-turn env's answer checker; Wordle with a tokenizer that merges letters)."""
     if isinstance(env, GuessNumberEnv):
         return GuessNumberJax.build(env, tokenizer, vocab_size)
+    if isinstance(env, WordleEnv):
+        return WordleJax.build(env, tokenizer, vocab_size)
     return None
 
 
-__all__ = ["GuessNumberJax", "GuessState", "jax_form", "token_classes"]
+__all__ = ["GuessNumberJax", "GuessState", "WordleJax", "WordleState", "jax_form", "token_classes"]

@@ -15,15 +15,15 @@ from jaxrl_hier.llm_rl.data import encode_completions, special_ids
 from jaxrl_hier.llm_rl.turns import compiled_rollout
 from jaxrl_hier.tasks import build_char_tokenizer
 from jaxrl_hier.tasks.jax_rewards import decode_completions
-from jaxrl_hier.tasks.text_games import GuessEpisode, GuessNumberEnv
-from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, token_classes
+from jaxrl_hier.tasks.text_games import WORDS, GuessEpisode, GuessNumberEnv, WordleEnv, WordleEpisode, wordle_feedback
+from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, WordleJax, jax_form, token_classes
 
 TOK = build_char_tokenizer()
 N = 5  # utterance tokens
 
 
-def utterance_ids(texts, eos=True):
-    ids, mask, _ = encode_completions(TOK, texts, N, add_eos=eos)
+def utterance_ids(texts, eos=True, n=N):
+    ids, mask, _ = encode_completions(TOK, texts, n, add_eos=eos)
     return jnp.asarray(ids), jnp.asarray(mask)
 
 
@@ -50,9 +50,9 @@ def test_the_jax_parser_agrees_with_the_host_game():
                                                           decode_completions(TOK, both, ones)] == [0, 0]
 
 
-def host_replay(game, secrets, texts_per_turn):
+def host_replay(game, secrets, texts_per_turn, episode=GuessEpisode):
     """The host game played with the same utterances: per turn (state text, reward, done, valid)."""
-    eps = [GuessEpisode(s) for s in secrets]
+    eps = [episode(s) for s in secrets]
     rows = []
     for texts in texts_per_turn:
         row = []
@@ -106,10 +106,12 @@ def test_scripted_games_match_the_host_game_turn_by_turn():
     assert np.asarray(state.turn).tolist() == [e.turn for e in eps] == [3, 4, 5, 1, 1, 3]
 
 
-@pytest.fixture(scope="module")
-def game_agents():
-    """One tiny random backbone playing guess-the-number (1..12, 6 turns) through the compiled loop and
-    through the host loop."""
+@pytest.fixture(scope="module", params=[dict(env="guess_number", game_high=12, game_max_turns=6, max_new_tokens=3),
+                                        dict(env="wordle", game_max_turns=4, max_new_tokens=6)],
+                ids=["guess_number", "wordle"])
+def game_agents(request):
+    """One tiny random backbone playing guess-the-number (1..12, 6 turns), or Wordle (4 turns), through the
+    compiled loop and through the host loop."""
     import dataclasses
 
     from jaxrl_hier.config import build_dataclass
@@ -118,7 +120,7 @@ def game_agents():
     from jaxrl_hier.llm_rl.model_setup import build_policy
 
     cfg = build_dataclass(GuidedConfig, dict(
-        env="guess_number", game_high=12, game_max_turns=6, max_new_tokens=3, temperature=1.0,
+        **request.param, temperature=1.0,
         model=dict(hidden_size=32, layers=1, heads=2, kv_heads=1, intermediate_size=64), lora_rank=2,
         critic="backbone", critic_mlp_hidden=16, episodes_per_iteration=12, replay_capacity=128))
     env = make_env(cfg)
@@ -150,7 +152,7 @@ def test_the_compiled_loop_plays_the_host_loops_games(game_agents):
             np.testing.assert_allclose(got[t]["logprobs"], want[t]["logprobs"], atol=1e-5)
         assert all(not np.asarray(got[t]["valid"]).any() for t in range(len(want), len(got)))
     # the random policy's sampled games run to the turn limit, with bad guesses and misses
-    assert max(e.turn for e in got_eps) == 6 and any("?" in e.guesses for e in got_eps)
+    assert max(e.turn for e in got_eps) == compiled.env.max_turns and any("?" in e.guesses for e in got_eps)
 
 
 def compact(ids, mask):
@@ -183,3 +185,64 @@ def test_the_parser_reads_multi_character_tokens_as_their_text():
     got = np.asarray(env.parse(jnp.asarray(ids), jnp.asarray(mask))).tolist()
     want = [game._parse(t) or 0 for t in decode_completions(tok, ids, mask)]
     assert got == want and sum(w > 0 for w in want) >= 40
+
+
+def test_wordle_splits_are_disjoint_and_the_warm_start_is_consistent():
+    game = WordleEnv()
+    splits = {s: set(game.secrets(s)) for s in ("train", "validation", "test")}
+    assert not splits["train"] & splits["test"] and not splits["train"] & splits["validation"]
+    assert not splits["validation"] & splits["test"] and set().union(*splits.values()) == set(WORDS)
+    assert all(ep.secret in splits["test"] for ep in game.reset("test", 50, 0))
+    assert wordle_feedback("crane", "nacre") == "yyyyg" and wordle_feedback("speed", "steel") == "g.gg." and wordle_feedback("speed", "crepe") == ".ygy."
+    for p in game.sft_problems("train", 20, 0):
+        assert game.sft_correct(p, p.target) and p.answer in splits["train"]
+        assert all(wordle_feedback(g, p.answer) == r for g, r in zip(p.meta["guesses"], p.meta["replies"]))
+
+
+def test_wordle_in_jax_matches_the_host_game():
+    game = WordleEnv(max_turns=4)
+    env = jax_form(game, TOK, len(TOK))
+    assert isinstance(env, WordleJax) and env.append_len == 12
+    texts = ["plane", " plane", "plane\n", "plan", "planes", "zzzzz", "p lane", "", "about", "ABOUT", "abou7", "crane"]
+    ids, mask = utterance_ids(texts, n=8)
+    got = np.asarray(env.parse(ids, mask)).tolist()
+    assert got == [WORDS.index(t.strip()) if t.strip() in WORDS else -1 for t in texts]
+    assert [g >= 0 for g in got] == [True] * 3 + [False] * 5 + [True] + [False] * 3
+    secrets = ["crane", "about", "speed", "stone"]
+    plays = [["stone", "about", "xx", "stone"], ["crane", "zz", "steel", "crane"], ["crane", "crane", "speed", "a"],
+             ["about", "about", "about", "about"]]
+    tokens = jnp.stack([utterance_ids(p, n=8)[0] for p in plays])
+    masks = jnp.stack([utterance_ids(p, n=8)[1] for p in plays])
+
+    def sample(t, policy, ids, mask, rng, greedy):
+        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
+
+    S = env.obs_len + (game.max_turns - 1) * env.append_len
+    state, ids0, mask0 = env.initial([WordleEpisode(s) for s in secrets])
+    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
+    want, eps = host_replay(game, secrets, plays, WordleEpisode)
+    for t, row in enumerate(want):
+        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
+        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
+        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
+    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [False, True, True, True]
+    assert eps[0].replies == ["...gg", "bad", "bad", "y...."]  # "crane" is not a listed word
+
+
+def test_the_shipped_game_configs_play_the_compiled_loop():
+    from pathlib import Path
+
+    from jaxrl_hier.config import build_dataclass, read_yaml
+    from jaxrl_hier.llm_rl.guided import make_env, state_length
+    from jaxrl_hier.llm_rl.guided_config import GuidedConfig
+    from jaxrl_hier.llm_rl.turns import check_state_len
+
+    for name in ("guided_game.yaml", "guided_wordle.yaml"):
+        raw = read_yaml(Path(__file__).resolve().parents[2] / "configs" / name)
+        cfg = build_dataclass(GuidedConfig, {k: v for k, v in raw.items() if k != "algorithm"})
+        cfg.validate()
+        env = make_env(cfg)
+        form = jax_form(env, TOK, len(TOK))
+        assert cfg.turn_loop == "auto" and form is not None, name
+        check_state_len(form, state_length(cfg, env))
+        assert form.obs_len + (env.max_turns - 1) * form.append_len == state_length(cfg, env)  # no slack
