@@ -234,8 +234,10 @@ class TwoTurnEnv:
 
 
 @dataclasses.dataclass
-class GuessEpisode:
-    secret: int
+class GameEpisode:
+    """One game of a `SecretGame`: the secret, the guesses and replies so far ("?" for a bad guess)."""
+
+    secret: Any
     guesses: list = dataclasses.field(default_factory=list)
     replies: list = dataclasses.field(default_factory=list)
     turn: int = 0
@@ -244,8 +246,83 @@ class GuessEpisode:
     ret: float = 0.0
 
 
+GuessEpisode = WordleEpisode = GameEpisode  # the games' episodes, by the game's name
+
+
+class SecretGame:
+    """What the guessing games share: secrets per split (`secrets`), the state text (`header`, then one
+    "guess reply" line per missed turn), and a turn: `_parse` reads the utterance (None: not a guess),
+    a hit ends the game with reward 0, a miss costs -1 and gets `reply(guess, secret)` ("bad" for None).
+    A subclass is a frozen dataclass with `max_turns` and `name`."""
+
+    max_turns: int
+    name: str
+
+    def secrets(self, split: str) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def header(self) -> str:
+        raise NotImplementedError
+
+    def reply(self, guess: Any, secret: Any) -> str:
+        raise NotImplementedError
+
+    def _parse(self, utterance: str) -> Any | None:
+        raise NotImplementedError
+
+    def speaker(self, turn: int) -> str:
+        return ACTOR
+
+    def reset(self, split: str, n: int, seed: int) -> list[GameEpisode]:
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, self.name), self.secrets(split)
+        return [GameEpisode(rng.choice(pool)) for _ in range(n)]
+
+    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[GameEpisode]:
+        """Games of up to n distinct secrets of the split, in the order reset's draw meets them: with n
+        at least the split's secrets, every one once, so greedy play's mean is its exact mean over them,
+        where n secrets drawn with replacement would weight some games more than others."""
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, self.name), self.secrets(split)  # reset's stream
+        secrets: dict[Any, None] = {}
+        while len(secrets) < min(n, len(pool)):
+            secrets.setdefault(rng.choice(pool))
+        return [GameEpisode(s) for s in secrets]
+
+    def render(self, guesses: Sequence[str], replies: Sequence[str]) -> str:
+        return self.header() + "".join(f"{g} {r}\n" for g, r in zip(guesses, replies))
+
+    def observation(self, ep: GameEpisode) -> str:
+        return self.render(ep.guesses, ep.replies)
+
+    def step(self, ep: GameEpisode, utterance: str) -> tuple[GameEpisode, float, bool]:
+        ep = dataclasses.replace(ep, guesses=list(ep.guesses), replies=list(ep.replies))
+        guess = self._parse(utterance)
+        ep.turn += 1
+        if guess == ep.secret:
+            ep.success = ep.done = True
+            return ep, 0.0, True
+        ep.guesses.append("?" if guess is None else str(guess))
+        ep.replies.append("bad" if guess is None else self.reply(guess, ep.secret))
+        ep.ret -= 1.0
+        ep.done = ep.turn >= self.max_turns
+        return ep, -1.0, ep.done
+
+    def summarize(self, episodes: Sequence[GameEpisode]) -> dict[str, float]:
+        """Success rate, mean turns (a failed episode counts max_turns), mean turns of the successes, return."""
+        n = max(len(episodes), 1)
+        wins = [e for e in episodes if e.success]
+        return {"success": len(wins) / n, "turns": sum(e.turn for e in episodes) / n,
+                "turns_to_success": (sum(e.turn for e in wins) / len(wins)) if wins else float(self.max_turns),
+                "return": sum(e.ret for e in episodes) / n}
+
+    def record(self, ep: GameEpisode) -> dict[str, Any]:
+        return {"secret": ep.secret, "guesses": ep.guesses + ([str(ep.secret)] if ep.success else []),
+                "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
+
+
 @dataclasses.dataclass(frozen=True)
-class GuessNumberEnv:
+class GuessNumberEnv(SecretGame):
     """Guess a secret in [1, high] in at most `max_turns` turns; see the module docstring.
 
     State text: "guess 1-16:\\n" then one line per turn, "8 higher\\n". An utterance that is not a
@@ -267,33 +344,14 @@ class GuessNumberEnv:
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
             raise ConfigError(f"guess_number: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
 
-    def speaker(self, turn: int) -> str:
-        return ACTOR
-
-    def reset(self, split: str, n: int, seed: int) -> list[GuessEpisode]:
-        check_split_args(split, n, seed)
-        rng = split_rng(seed, split, self.name)
-        return [GuessEpisode(rng.randint(1, self.high)) for _ in range(n)]
-
-    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[GuessEpisode]:
-        """Games of up to n distinct secrets, in the order the split's draw meets them: with n >= high
-        every secret once, so greedy play's mean is its exact mean over the uniform prior, where
-        n secrets drawn with replacement weight some of the 16 games more than others."""
-        check_split_args(split, n, seed)
-        rng = split_rng(seed, split, self.name)  # reset's stream
-        secrets: dict[int, None] = {}
-        while len(secrets) < min(n, self.high):
-            secrets.setdefault(rng.randint(1, self.high))
-        return [GuessEpisode(s) for s in secrets]
+    def secrets(self, split: str) -> Sequence[int]:
+        return range(1, self.high + 1)  # every split: no secret is held out (the class says why)
 
     def header(self) -> str:
         return f"guess 1-{self.high}:\n"
 
-    def render(self, guesses: Sequence[str], replies: Sequence[str]) -> str:
-        return self.header() + "".join(f"{g} {r}\n" for g, r in zip(guesses, replies))
-
-    def observation(self, ep: GuessEpisode) -> str:
-        return self.render(ep.guesses, ep.replies)
+    def reply(self, guess: int, secret: int) -> str:
+        return "higher" if guess < secret else "lower"
 
     def max_state_chars(self) -> int:
         width = len(str(self.high))
@@ -305,20 +363,6 @@ class GuessNumberEnv:
             return None
         value = int(text)
         return value if 1 <= value <= self.high else None
-
-    def step(self, ep: GuessEpisode, utterance: str) -> tuple[GuessEpisode, float, bool]:
-        ep = dataclasses.replace(ep, guesses=list(ep.guesses), replies=list(ep.replies))
-        guess = self._parse(utterance)
-        ep.turn += 1
-        if guess == ep.secret:
-            ep.success = ep.done = True
-            return ep, 0.0, True
-        reply = "bad" if guess is None else ("higher" if guess < ep.secret else "lower")
-        ep.guesses.append("?" if guess is None else str(guess))
-        ep.replies.append(reply)
-        ep.ret -= 1.0
-        ep.done = ep.turn >= self.max_turns
-        return ep, -1.0, ep.done
 
     def consistent(self, guesses: Sequence[int], replies: Sequence[str]) -> tuple[int, int]:
         """The interval [lo, hi] of secrets consistent with the replies so far."""
@@ -361,12 +405,6 @@ class GuessNumberEnv:
         """A number in 1..high."""
         return self._parse(completion) is not None
 
-    def summarize(self, episodes: Sequence[GuessEpisode]) -> dict[str, float]:
-        return game_summary(episodes, self.max_turns)
-
-    def record(self, ep: GuessEpisode) -> dict[str, Any]:
-        return {"secret": ep.secret, "guesses": ep.guesses + ([str(ep.secret)] if ep.success else []),
-                "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
 
 
 # ----------------------------------------------------------------------------- wordle
@@ -403,17 +441,6 @@ worse worst worth would wound write wrong wrote yield young youth
 """.split())
 
 
-@dataclasses.dataclass
-class WordleEpisode:
-    secret: str
-    guesses: list = dataclasses.field(default_factory=list)
-    replies: list = dataclasses.field(default_factory=list)
-    turn: int = 0
-    done: bool = False
-    success: bool = False
-    ret: float = 0.0
-
-
 def wordle_feedback(guess: str, secret: str) -> str:
     """Per letter: `g` in the right place, `y` elsewhere in the secret, `.` not in it (letters are
     judged one by one, repeats not counted down)."""
@@ -421,7 +448,7 @@ def wordle_feedback(guess: str, secret: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class WordleEnv:
+class WordleEnv(SecretGame):
     """Find a secret five-letter word of `WORDS` in at most `max_turns` guesses, each a word of the list;
     each missed guess is answered with its letters' feedback (`wordle_feedback`). State text:
     "wordle:\n" then one line per turn, "crane .gy..\n" (an utterance that is not a listed word: "? bad").
@@ -444,31 +471,11 @@ class WordleEnv:
 
         return [w for w in WORDS if split_of(f"{self.name}:{w}", 0.2, 0.2) == split]
 
-    def speaker(self, turn: int) -> str:
-        return ACTOR
-
-    def reset(self, split: str, n: int, seed: int) -> list[WordleEpisode]:
-        check_split_args(split, n, seed)
-        rng, pool = split_rng(seed, split, self.name), self.secrets(split)
-        return [WordleEpisode(rng.choice(pool)) for _ in range(n)]
-
-    def evaluation_episodes(self, split: str, n: int, seed: int) -> list[WordleEpisode]:
-        """Games of up to n distinct secrets of the split, in the order the split's draw meets them."""
-        check_split_args(split, n, seed)
-        rng, pool = split_rng(seed, split, self.name), self.secrets(split)
-        secrets: dict[str, None] = {}
-        while len(secrets) < min(n, len(pool)):
-            secrets.setdefault(rng.choice(pool))
-        return [WordleEpisode(s) for s in secrets]
-
     def header(self) -> str:
         return "wordle:\n"
 
-    def render(self, guesses: Sequence[str], replies: Sequence[str]) -> str:
-        return self.header() + "".join(f"{g} {r}\n" for g, r in zip(guesses, replies))
-
-    def observation(self, ep: WordleEpisode) -> str:
-        return self.render(ep.guesses, ep.replies)
+    def reply(self, guess: str, secret: str) -> str:
+        return wordle_feedback(guess, secret)
 
     def max_state_chars(self) -> int:
         return len(self.header()) + (self.max_turns - 1) * (2 * self.word_length + 2)
@@ -476,19 +483,6 @@ class WordleEnv:
     def _parse(self, utterance: str) -> str | None:
         text = utterance.strip()
         return text if text in _WORD_SET else None
-
-    def step(self, ep: WordleEpisode, utterance: str) -> tuple[WordleEpisode, float, bool]:
-        ep = dataclasses.replace(ep, guesses=list(ep.guesses), replies=list(ep.replies))
-        guess = self._parse(utterance)
-        ep.turn += 1
-        if guess == ep.secret:
-            ep.success = ep.done = True
-            return ep, 0.0, True
-        ep.guesses.append("?" if guess is None else guess)
-        ep.replies.append("bad" if guess is None else wordle_feedback(guess, ep.secret))
-        ep.ret -= 1.0
-        ep.done = ep.turn >= self.max_turns
-        return ep, -1.0, ep.done
 
     def consistent(self, guesses: Sequence[str], replies: Sequence[str]) -> list[str]:
         """The words whose feedback to every past guess is the reply it got."""
@@ -525,25 +519,8 @@ class WordleEnv:
     def sft_well_formed(self, problem: Problem, completion: str) -> bool:
         return self._parse(completion) is not None
 
-    def summarize(self, episodes: Sequence[WordleEpisode]) -> dict[str, float]:
-        return game_summary(episodes, self.max_turns)
-
-    def record(self, ep: WordleEpisode) -> dict[str, Any]:
-        return {"secret": ep.secret, "guesses": ep.guesses + ([ep.secret] if ep.success else []),
-                "replies": ep.replies, "turns": ep.turn, "success": ep.success, "return": ep.ret}
-
 
 _WORD_SET = frozenset(WORDS)
-
-
-def game_summary(episodes: Sequence[Any], max_turns: int) -> dict[str, float]:
-    """A game's summary: success rate, mean turns (a failed episode counts max_turns), mean turns of the
-    successes, return."""
-    n = max(len(episodes), 1)
-    wins = [e for e in episodes if e.success]
-    return {"success": len(wins) / n, "turns": sum(e.turn for e in episodes) / n,
-            "turns_to_success": (sum(e.turn for e in wins) / len(wins)) if wins else float(max_turns),
-            "return": sum(e.ret for e in episodes) / n}
 
 
 def optimal_guess_turns(high: int) -> float:
@@ -562,5 +539,5 @@ def optimal_guess_turns(high: int) -> float:
 
 
 __all__ = ["ACTOR", "GUIDANCE", "HINTS", "HINT_KINDS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
-           "WORDS", "WordleEnv", "WordleEpisode", "wordle_feedback", "game_summary", "first_step", "rule_hint",
+           "WORDS", "WordleEnv", "WordleEpisode", "wordle_feedback", "GameEpisode", "SecretGame", "first_step", "rule_hint",
            "optimal_guess_turns"]

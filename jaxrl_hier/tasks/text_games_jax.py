@@ -47,11 +47,54 @@ OTHER, SPACE, DIGITS = 0, 1, 2  # a vocabulary entry's class for the guess parse
 SPACE_CODE = -2  # Wordle's parser: a whitespace token
 
 
-class GuessState(struct.PyTreeNode):
-    secret: jax.Array  # [B] int32
-    turn: jax.Array    # [B] int32: turns played
-    done: jax.Array    # [B] bool
+class GameState(struct.PyTreeNode):
+    secret: jax.Array   # [B] int32 (guess-the-number) or [B, L] letter codes (Wordle)
+    turn: jax.Array     # [B] int32: turns played
+    done: jax.Array     # [B] bool
     success: jax.Array  # [B] bool
+
+
+class JaxGame:
+    """What the JAX forms of `text_games.SecretGame`s share: the first observation, the batch's initial
+    state, and a turn's end (a hit ends the game with reward 0; a miss costs -1 and appends the reply
+    line; an ended game appends nothing). A subclass holds `game`, `obs`, `pad` and defines `secret_ids`,
+    `append_len` and `step`."""
+
+    game: Any
+    obs: np.ndarray
+    pad: int
+
+    @property
+    def max_turns(self) -> int:
+        return self.game.max_turns
+
+    @property
+    def obs_len(self) -> int:
+        return len(self.obs)
+
+    def secret_ids(self, episodes: Sequence[Any]) -> jax.Array:
+        raise NotImplementedError
+
+    def initial(self, episodes: Sequence[Any]) -> tuple[GameState, jax.Array, jax.Array]:
+        b = len(episodes)
+        if not b:
+            raise ConfigError(f"{type(self).__name__}.initial: no episodes.")
+        state = GameState(self.secret_ids(episodes), jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), jnp.zeros(b, bool))
+        ids = jnp.broadcast_to(jnp.asarray(self.obs), (b, self.obs_len))
+        return state, ids, jnp.ones_like(ids)
+
+    def end_turn(self, state: GameState, hit: jax.Array, line: jax.Array, line_mask: jax.Array
+                 ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
+        """`step`'s outputs from whether each live game's guess hit and the reply line of a miss."""
+        live = ~state.done
+        hit = live & hit
+        miss = live & ~hit
+        append_mask = line_mask * miss[:, None]
+        turn = state.turn + live
+        done = state.done | hit | (turn >= self.max_turns)
+        reward = jnp.where(miss, -1.0, 0.0).astype(jnp.float32)
+        new = GameState(state.secret, turn, done, state.success | hit)
+        return new, jnp.where(append_mask == 1, line, self.pad), append_mask, reward, done
 
 
 def token_classes(tokenizer: Any, vocab_size: int) -> dict[str, np.ndarray]:
@@ -87,7 +130,7 @@ def _encode(tokenizer: Any, texts: Sequence[str], width: int) -> tuple[np.ndarra
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class GuessNumberJax:
+class GuessNumberJax(JaxGame):
     """`GuessNumberEnv` with its oracle in JAX (module docstring); build it with `GuessNumberJax.build`."""
 
     game: GuessNumberEnv
@@ -112,25 +155,11 @@ class GuessNumberJax:
         return cls(game, obs, lines, line_mask, token_classes(tokenizer, vocab_size), eos, pad)
 
     @property
-    def max_turns(self) -> int:
-        return self.game.max_turns
-
-    @property
-    def obs_len(self) -> int:
-        return len(self.obs)
-
-    @property
     def append_len(self) -> int:
         return self.lines.shape[1]
 
-    def initial(self, episodes: Sequence[Any]) -> tuple[GuessState, jax.Array, jax.Array]:
-        b = len(episodes)
-        if not b:
-            raise ConfigError("GuessNumberJax.initial: no episodes.")
-        secret = jnp.asarray([ep.secret for ep in episodes], jnp.int32)
-        state = GuessState(secret, jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), jnp.zeros(b, bool))
-        ids = jnp.broadcast_to(jnp.asarray(self.obs), (b, self.obs_len))
-        return state, ids, jnp.ones_like(ids)
+    def secret_ids(self, episodes: Sequence[Any]) -> jax.Array:
+        return jnp.asarray([ep.secret for ep in episodes], jnp.int32)
 
     def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
         """[B] the guess of each utterance, 0 where it is not a guess in 1..high (module docstring)."""
@@ -161,31 +190,16 @@ class GuessNumberJax:
         ok = ~bad & (ndig >= 1) & (ndig <= width) & (value >= 1) & (value <= self.game.high)
         return jnp.where(ok, value, 0)
 
-    def step(self, state: GuessState, utterance: jax.Array, mask: jax.Array
-             ) -> tuple[GuessState, jax.Array, jax.Array, jax.Array, jax.Array]:
+    def step(self, state: GameState, utterance: jax.Array, mask: jax.Array
+             ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
         guess = self.parse(utterance, mask)
-        live = ~state.done
-        hit = live & (guess == state.secret)
-        miss = live & ~hit
         reply = jnp.where(guess == 0, 2 * self.game.high, 2 * (guess - 1) + (guess > state.secret))
-        append_ids = jnp.asarray(self.lines)[reply]
-        append_mask = jnp.asarray(self.line_mask)[reply] * miss[:, None]
-        turn = state.turn + live
-        done = state.done | hit | (turn >= self.game.max_turns)
-        reward = jnp.where(miss, -1.0, 0.0).astype(jnp.float32)
-        new = GuessState(state.secret, turn, done, state.success | hit)
-        return new, jnp.where(append_mask == 1, append_ids, self.pad), append_mask, reward, done
-
-
-class WordleState(struct.PyTreeNode):
-    secret: jax.Array   # [B, L] int32 letter codes (0 = "a")
-    turn: jax.Array     # [B] int32
-    done: jax.Array     # [B] bool
-    success: jax.Array  # [B] bool
+        return self.end_turn(state, guess == state.secret, jnp.asarray(self.lines)[reply],
+                             jnp.asarray(self.line_mask)[reply])
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class WordleJax:
+class WordleJax(JaxGame):
     """`text_games.WordleEnv` in JAX, for tokenizers that write each letter, space and newline as one token
     and have no token of several letters or spaces (the char-level one): `build` returns None for
     others, and the guided agent then plays the host loop. An utterance is a guess when its text, cut at
@@ -237,25 +251,11 @@ class WordleJax:
                    bad_mask[0], eos, pad)
 
     @property
-    def max_turns(self) -> int:
-        return self.game.max_turns
-
-    @property
-    def obs_len(self) -> int:
-        return len(self.obs)
-
-    @property
     def append_len(self) -> int:
         return len(self.bad_line)
 
-    def initial(self, episodes: Sequence[Any]) -> tuple[WordleState, jax.Array, jax.Array]:
-        b = len(episodes)
-        if not b:
-            raise ConfigError("WordleJax.initial: no episodes.")
-        secret = jnp.asarray([[ord(ch) - ord("a") for ch in ep.secret] for ep in episodes], jnp.int32)
-        state = WordleState(secret, jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), jnp.zeros(b, bool))
-        ids = jnp.broadcast_to(jnp.asarray(self.obs), (b, self.obs_len))
-        return state, ids, jnp.ones_like(ids)
+    def secret_ids(self, episodes: Sequence[Any]) -> jax.Array:
+        return jnp.asarray([[ord(ch) - ord("a") for ch in ep.secret] for ep in episodes], jnp.int32)
 
     def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
         """[B] the index in WORDS of each utterance's word, -1 where it is not a listed word."""
@@ -285,28 +285,20 @@ class WordleJax:
         ok = ~bad & (count == length) & match.any(axis=1)
         return jnp.where(ok, jnp.argmax(match, axis=1), -1)
 
-    def step(self, state: WordleState, utterance: jax.Array, mask: jax.Array
-             ) -> tuple[WordleState, jax.Array, jax.Array, jax.Array, jax.Array]:
+    def step(self, state: GameState, utterance: jax.Array, mask: jax.Array
+             ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
         index = self.parse(utterance, mask)
         guess = jnp.asarray(self.words)[jnp.maximum(index, 0)]  # [B, L]
-        live = ~state.done
-        hit = live & (index >= 0) & jnp.all(guess == state.secret, axis=1)
-        miss = live & ~hit
+        hit = (index >= 0) & jnp.all(guess == state.secret, axis=1)
         # feedback per letter: 0 "g" (right place), 1 "y" (elsewhere in the secret), 2 "." (absent)
         present = jnp.any(guess[:, :, None] == state.secret[:, None, :], axis=2)
         mark = jnp.where(guess == state.secret, 0, jnp.where(present, 1, 2))
         b = guess.shape[0]
         line = jnp.concatenate([jnp.asarray(self.letter_ids)[guess], jnp.full((b, 1), self.space),
                                 jnp.asarray(self.marks)[mark], jnp.full((b, 1), self.newline)], axis=1)
-        line_mask = jnp.ones_like(line)
         bad = (index < 0)[:, None]
-        append_ids = jnp.where(bad, jnp.asarray(self.bad_line)[None], line)
-        append_mask = jnp.where(bad, jnp.asarray(self.bad_mask)[None], line_mask) * miss[:, None]
-        turn = state.turn + live
-        done = state.done | hit | (turn >= self.game.max_turns)
-        reward = jnp.where(miss, -1.0, 0.0).astype(jnp.float32)
-        new = WordleState(state.secret, turn, done, state.success | hit)
-        return new, jnp.where(append_mask == 1, append_ids, self.pad), append_mask, reward, done
+        return self.end_turn(state, hit, jnp.where(bad, jnp.asarray(self.bad_line)[None], line),
+                             jnp.where(bad, jnp.asarray(self.bad_mask)[None], jnp.ones_like(line)))
 
 
 def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
@@ -319,4 +311,4 @@ def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
     return None
 
 
-__all__ = ["GuessNumberJax", "GuessState", "WordleJax", "WordleState", "jax_form", "token_classes"]
+__all__ = ["GameState", "GuessNumberJax", "JaxGame", "WordleJax", "jax_form", "token_classes"]
