@@ -1,10 +1,10 @@
 """Episodes per second of multi-turn text games: one compiled loop over turns against a Python loop.
 
-    python benchmarks/multiturn_rollout.py --out DIR [--high 100] [--turns 8] [--batches 16 64 256]
-        [--repeats 5]
+    python benchmarks/multiturn_rollout.py --out DIR [--games guess_number wordle] [--high 100] [--turns 8]
+        [--batches 16 64 256] [--repeats 5]
 
-The game is guess-the-number over 1..high with up to `turns` turns (`tasks.text_games`), played by the
-guided agent's actor: a tiny random Qwen2-shaped backbone in the shape of configs/guided_game.yaml
+The games (`tasks.text_games`): guess-the-number over 1..high, and Wordle, each with up to `turns`
+turns, played by the guided agent's actor: a tiny random Qwen2-shaped backbone in the shape of configs/guided_game.yaml
 with a fresh LoRA adapter, sampling at temperature 1 (a random policy plays every turn, so the
 games run to the turn limit: the loop's worst case). Two ways, the same agent, episodes and key:
 
@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def agents(high: int, turns: int, batch: int):
+def agents(game: str, high: int, turns: int, batch: int):
     """The compiled-loop and host-loop agents on one random backbone."""
     from jaxrl_hier.config import build_dataclass, read_yaml
     from jaxrl_hier.llm_rl.guided import make_env, make_train
@@ -44,7 +44,8 @@ def agents(high: int, turns: int, batch: int):
 
     shipped = read_yaml(REPO / "configs" / "guided_game.yaml")
     cfg = build_dataclass(GuidedConfig, dict(
-        env="guess_number", game_high=high, game_max_turns=turns, max_new_tokens=len(str(high)) + 1,
+        env=game, game_high=high, game_max_turns=turns,
+        max_new_tokens=len(str(high)) + 1 if game == "guess_number" else 6,
         model=shipped["model"], lora_rank=shipped["lora_rank"], critic="backbone", temperature=1.0,
         episodes_per_iteration=batch, replay_capacity=batch * turns))
     env = make_env(cfg)
@@ -74,6 +75,7 @@ def timed(agent, state, episodes, key, repeats: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--games", nargs="+", default=["guess_number", "wordle"], choices=["guess_number", "wordle"])
     parser.add_argument("--high", type=int, default=100)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
@@ -90,26 +92,26 @@ def main(argv: list[str] | None = None) -> int:
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
     rows = []
-    for batch in args.batches:
-        compiled, host = agents(args.high, args.turns, batch)
+    for game, batch in [(g, b) for g in args.games for b in args.batches]:
+        compiled, host = agents(game, args.high, args.turns, batch)
         state = compiled.init(jax.random.key(0))
         episodes = compiled.env.reset("train", batch, 0)
         key = jax.random.key(1)
-        row = {"batch": batch, "compiled": timed(compiled, state, episodes, key, args.repeats),
+        row = {"game": game, "batch": batch, "compiled": timed(compiled, state, episodes, key, args.repeats),
                "host": timed(host, state, episodes, key, args.repeats)}
         row["same_games"] = row["compiled"].pop("guesses") == row["host"].pop("guesses")
         row["speedup"] = row["compiled"]["episodes_per_s"] / row["host"]["episodes_per_s"]
         rows.append(row)
-        print(f"batch {batch}: compiled {row['compiled']['episodes_per_s']:.1f} episodes/s "
+        print(f"{game}, batch {batch}: compiled {row['compiled']['episodes_per_s']:.1f} episodes/s "
               f"(first call {row['compiled']['first_call_s']:.1f} s), host {row['host']['episodes_per_s']:.1f} "
               f"(first call {row['host']['first_call_s']:.1f} s), {row['speedup']:.2f}x, same games: "
               f"{row['same_games']}", flush=True)
-    lines = [f"Guess-the-number 1..{args.high}, up to {args.turns} turns, a random tiny policy (median of "
-             f"{args.repeats} calls after the first):", "",
-             "| episodes per batch | compiled loop (episodes/s) | host loop (episodes/s) | speed-up | "
-             "first call: compiled / host (s) | same games |", "|---:|---:|---:|---:|---:|---|"]
+    lines = [f"Guess-the-number 1..{args.high} and Wordle, up to {args.turns} turns, a random tiny policy (median "
+             f"of {args.repeats} calls after the first):", "",
+             "| game | episodes per batch | compiled loop (episodes/s) | host loop (episodes/s) | speed-up | "
+             "first call: compiled / host (s) | same games |", "|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        lines.append(f"| {r['batch']} | {r['compiled']['episodes_per_s']:.1f} | {r['host']['episodes_per_s']:.1f} | "
+        lines.append(f"| {r['game']} | {r['batch']} | {r['compiled']['episodes_per_s']:.1f} | {r['host']['episodes_per_s']:.1f} | "
                      f"{r['speedup']:.2f}x | {r['compiled']['first_call_s']:.1f} / {r['host']['first_call_s']:.1f} | "
                      f"{r['same_games']} |")
     atomic_write_json(args.out / "multiturn_rollout.json", {"benchmark": "multiturn_rollout", **device_info(),
@@ -126,11 +128,13 @@ def plot(rows: list[dict], path: Path, high: int, turns: int) -> None:
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    batches = [r["batch"] for r in rows]
-    for name in ("compiled", "host"):
-        ax.plot(batches, [r[name]["episodes_per_s"] for r in rows], "o-", label=f"{name} loop")
+    for game in dict.fromkeys(r["game"] for r in rows):
+        mine = [r for r in rows if r["game"] == game]
+        for name, style in (("compiled", "o-"), ("host", "s--")):
+            ax.plot([r["batch"] for r in mine], [r[name]["episodes_per_s"] for r in mine], style,
+                    label=f"{game}, {name} loop")
     ax.set(xscale="log", yscale="log", xlabel="episodes per batch", ylabel="episodes / s",
-           title=f"guess 1..{high}, up to {turns} turns")
+           title=f"up to {turns} turns (guess 1..{high})")
     ax.legend()
     save_figure(fig, path)
 
