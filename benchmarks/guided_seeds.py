@@ -63,9 +63,9 @@ def table(name: str, summary: dict) -> list[str]:
     lines = [f"| {name} | after SFT | after RL | change | per seed, after RL |", "|---|---:|---:|---:|---|"]
     for metric, s in summary.items():
         pct = metric in SHARES
-        unit = " (%)" if pct else ""
-        lines.append(f"| {metric}{unit} | {fmt_mean_se(*s['sft'], pct=pct)} | {fmt_mean_se(*s['rl'], pct=pct)} | "
-                     f"{fmt_mean_se(*s['change'], pct=pct)} | "
+        unit, digits = (" (%)", 1) if pct else ("", 2)
+        lines.append(f"| {metric}{unit} | {fmt_mean_se(*s['sft'], pct, digits)} | {fmt_mean_se(*s['rl'], pct, digits)} | "
+                     f"{fmt_mean_se(*s['change'], pct, digits)} | "
                      f"{', '.join(f'{(100 if pct else 1) * x:.{1 if pct else 2}f}' for x in s['per_seed_rl'])} |")
     return lines
 

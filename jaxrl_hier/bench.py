@@ -129,12 +129,12 @@ def mean_se(xs: list[float | None]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
 
-def fmt_mean_se(mean: float | None, se: float | None, pct: bool = True) -> str:
-    """"12.3 ± 1.4" (x100 with `pct`), "n/a" without a mean."""
+def fmt_mean_se(mean: float | None, se: float | None, pct: bool = True, digits: int = 1) -> str:
+    """"12.3 ± 1.4" (x100 with `pct`; `digits` after the point), "n/a" without a mean."""
     if mean is None:
         return "n/a"
     scale = 100 if pct else 1
-    return f"{mean * scale:.1f}" + ("" if se is None else f" ± {se * scale:.1f}")
+    return f"{mean * scale:.{digits}f}" + ("" if se is None else f" ± {se * scale:.{digits}f}")
 
 
 def seed_sweep_error(config: Any, seeds: list[int]) -> str | None:
