@@ -152,6 +152,7 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
             log(f"GRPO resumed at step {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
+
         def held_out(i: int, state: Any) -> dict:
             def score(problems: list) -> Callable[[], dict]:
                 return lambda: {k: v for k, v in trainer.evaluate(state, problems).items() if k != "completions"}
@@ -169,8 +170,9 @@ def run_grpo(args: argparse.Namespace, raw_config: dict, algorithm: str = "grpo"
                 log(f"step {i}: no completion token in the loss (every group dropped or filtered); "
                     "the optimiser update was skipped")
             rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
-            rec.update(held_out(i, state))
-            if i % config.log_every == 0 or "eval/accuracy" in rec or "test/accuracy" in rec:
+            evaluated = held_out(i, state)
+            rec.update(evaluated)
+            if i % config.log_every == 0 or evaluated:
                 writer.write(rec)
             if config.sample_log_count and i % config.log_every == 0:
                 for s in _sample_records(i, samples, tokenizer, config.sample_log_count, config, trainer.rewards):

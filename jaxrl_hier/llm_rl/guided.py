@@ -197,17 +197,13 @@ class GuidedAgent:
         return self._gen.get(lm, greedy, build)
 
     def _turn_sampler(self) -> Any:
-        """`sample(turn, (policy, bases), ids, mask, rng, greedy)` for the compiled turn loop: the speaker's adapter."""
-        c = self.config
+        """`sample(turn, (policy, bases), ids, mask, rng, greedy)` for the compiled turn loop: the speaker's
+        adapter through the host loop's own generator (`_generator`), inlined into the loop's program."""
 
         def role(name: str) -> Any:
-            lm = self.roles[name].lm
-
             def sample(roles, ids, mask, rng, greedy):
                 policy, bases = roles
-                return sample_tokens(lm, bases[name], ids, mask, rng, max_new_tokens=self.N, temperature=c.temperature,
-                                     eos_ids=(self.eos_id,), pad_token_id=self.pad_id, lora=policy[name], greedy=greedy,
-                                     suppress_tokens=self.suppress)
+                return self._generator(self.roles[name].lm, greedy)(policy[name], bases[name], ids, mask, rng)
 
             return sample
 

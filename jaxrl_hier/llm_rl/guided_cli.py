@@ -73,11 +73,8 @@ def evaluation_episodes(env: Any, n: int, seed: int, split: str = "test") -> Cal
     distinct secrets) for each evaluation, after a log line of how many there are. `env.step`
     copies an episode rather than changing it, so the games can be reused."""
     first = env.evaluation_episodes(split, n, seed)
-    what = {"guess_number": lambda: f"{split} secrets of 1..{env.high} (no secret is held out)",
-            "wordle": lambda: f"{split} secret words (disjoint from the other splits')"}.get(
-        env.name, lambda: f"{split} problems")()
     short = "; all the split holds" if len(first) < n else ""
-    log(f"evaluation: {len(first)} distinct {what} (asked for {n}{short})")
+    log(f"evaluation: {len(first)} distinct {env.evaluation_label(split)} (asked for {n}{short})")
     return lambda: list(first)
 
 
@@ -171,6 +168,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             log(f"guided agent resumed at iteration {start}")
         writer = run.log(out)
         samples_writer = run.log(out, filename="samples.jsonl")
+
         def held_out(i: int, state: Any) -> dict:
             return held_out_row(i, config.eval_every, config.iterations,
                                 lambda: agent.evaluate(state, validation())[0], lambda: agent.evaluate(state, test())[0])
@@ -183,8 +181,9 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
             state, metrics, episodes = agent.iteration(state)
             i = done + 1  # this iteration's number
             rec = {"update": i, "step": i, "time_s": time.perf_counter() - t0, **metrics}
-            rec.update(held_out(i, state))
-            if i % config.log_every == 0 or any(k.startswith(("eval/", "test/")) for k in rec):
+            evaluated = held_out(i, state)
+            rec.update(evaluated)
+            if i % config.log_every == 0 or evaluated:
                 writer.write(rec)
             if config.sample_log_count and i % config.log_every == 0:
                 for ep in episodes[:config.sample_log_count]:
@@ -203,9 +202,8 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
         key = "test/turn2_accuracy" if config.env == "two_turn" else "test/turns"
         evals = [(r["step"], r.get("test/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
-        evaluated = {"two_turn": "test", "wordle": f"over {len(test())} test words,"}.get(
-            config.env, f"over {len(test())} secrets of the training range,")
-        log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; {evaluated} {key} "
+        log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; over {len(test())} "
+            f"{env.evaluation_label('test')}, {key} "
             f"{evals[0][2] if evals else None} -> {evals[-1][2] if evals else None}"
             + (f" (turn 1: {evals[0][1]} -> {evals[-1][1]})" if config.env == "two_turn" and evals else "")
             + (f"; SFT {sft_info.get('eval_accuracy')}" if sft_info else "") + f"; outputs in {out}")

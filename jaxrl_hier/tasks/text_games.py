@@ -120,6 +120,10 @@ class TwoTurnEnv:
         """The rule's hint of this environment's kind for a turn-1 completion."""
         return rule_hint(self.task, problem, completion, self.hint_kind)
 
+    def evaluation_label(self, split: str) -> str:
+        """What an evaluation of `split` plays, for the logs."""
+        return f"{split} problems"
+
     def speaker(self, turn: int) -> str:
         return GUIDANCE if turn == 1 else ACTOR
 
@@ -270,6 +274,10 @@ class SecretGame:
     def _parse(self, utterance: str) -> Any | None:
         raise NotImplementedError
 
+    def evaluation_label(self, split: str) -> str:
+        """What an evaluation of `split` plays, for the logs."""
+        return f"{split} secrets"
+
     def speaker(self, turn: int) -> str:
         return ACTOR
 
@@ -352,6 +360,9 @@ class GuessNumberEnv(SecretGame):
 
     def reply(self, guess: int, secret: int) -> str:
         return "higher" if guess < secret else "lower"
+
+    def evaluation_label(self, split: str) -> str:
+        return f"{split} secrets of 1..{self.high} (no secret is held out)"
 
     def max_state_chars(self) -> int:
         width = len(str(self.high))
@@ -476,6 +487,9 @@ class WordleEnv(SecretGame):
 
     def reply(self, guess: str, secret: str) -> str:
         return wordle_feedback(guess, secret)
+
+    def evaluation_label(self, split: str) -> str:
+        return f"{split} secret words (disjoint from the other splits')"
 
     def max_state_chars(self) -> int:
         return len(self.header()) + (self.max_turns - 1) * (2 * self.word_length + 2)
