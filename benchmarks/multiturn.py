@@ -1,0 +1,204 @@
+"""Multi-turn RL on text games: the group baseline against ArCHer's critic, success against episodes.
+
+    python benchmarks/multiturn.py --out DIR [--configs configs/guided_guess64.yaml] [--seeds 0 1 2]
+        [--algorithms group archer] [--speed]
+
+For each config, algorithm and seed: `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`
+in DIR/<config>/<A>/seed<S> (`bench.train_run`: resumed or skipped where a killed sweep left it).
+The algorithms are the guided trainer's advantages on one backbone, roles and schedule:
+
+- group: multi-turn GRPO. An utterance's observed return-to-go against the mean over the plays of
+  the same problem at the same turn (`group_size` plays of each secret per iteration);
+- archer: ArCHer. min(Q1, Q2)(s, a) - min(V1, V2)(s) from the utterance-level double critic with its
+  Polyak target, trained from the replay buffer every iteration (it trains in group runs too, unused).
+
+Same warm-start: the SFT stage is deterministic on the CPU given the seed, and the benchmark checks
+that every algorithm's iteration-0 evaluations of a seed agree (they are the same model).
+
+What is compared, and on which split:
+- the curve: greedy success on the validation split (`eval/success`, every `eval_every` iterations)
+  against episodes played (iterations x episodes_per_iteration); the sampled training episodes'
+  success (`train/success`, every iteration) beside it;
+- sample efficiency, per seed, on validation: the episodes each algorithm needs for its validation
+  success to reach the group baseline's final validation success (the first evaluation at or above
+  it; None where it never does), and that count over the group baseline's own;
+- the reported figures: greedy success and turns on the test split, evaluated twice per run (the
+  warm-start and the end), mean and standard error over seeds.
+
+Nothing is tuned here: the configs run as shipped. Guess-the-number has no held-out secrets (its
+splits play the same secrets, `GuessNumberEnv` says why), so with `eval_episodes` covering every
+secret its validation and test figures coincide; Wordle's splits are disjoint word sets.
+
+`--speed` also runs benchmarks/multiturn_rollout.py into DIR/speed: episodes per second of one compiled
+batch of games against a Python loop over turns. Writes DIR/multiturn.json, DIR/multiturn.md and
+DIR/multiturn.png (validation success against episodes, mean and standard error over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+ALGORITHMS = ("group", "archer")
+
+
+def read_run(out: Path) -> dict:
+    """A game run's curves against episodes played and its test evaluations (iteration 0 and the last)."""
+    from jaxrl_hier.config import read_yaml
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    per_iter = int(read_yaml(out / "config.yaml")["episodes_per_iteration"])
+    # a row's `step` counts the iterations done: its evaluations judge the policy trained on step x per_iter
+    # episodes, and its train/ figures summarise the last per_iter of them (played before that update)
+    validation = {r["step"] * per_iter: r["eval/success"] for r in rows if r.get("eval/success") is not None}
+    train = {r["step"] * per_iter: r["train/success"] for r in rows if r.get("train/success") is not None}
+    test = {r["step"]: {"success": r["test/success"], "turns": r["test/turns"]}
+            for r in rows if r.get("test/success") is not None}
+    return {"validation": validation, "train": train, "test": test, "episodes_per_iteration": per_iter,
+            "time_s": rows[-1].get("time_s")}
+
+
+def episodes_to_reach(curve: dict[int, float], target: float) -> int | None:
+    """The fewest episodes after which `curve` (episodes -> success) is at or above `target`; None if never."""
+    return next((e for e in sorted(curve) if curve[e] >= target - 1e-9), None)
+
+
+def efficiency(runs: dict) -> dict:
+    """Per seed: the group baseline's final validation success, each algorithm's episodes to reach it and
+    their ratio to the group baseline's own episodes."""
+    out = {}
+    for seed, group in runs["group"].items():
+        target = group["validation"][max(group["validation"])]
+        needed = {a: episodes_to_reach(runs[a][seed]["validation"], target) for a in runs if seed in runs[a]}
+        base = needed["group"]
+        out[seed] = {"target": target, "episodes": needed,
+                     "ratio": {a: (n / base if n is not None and base else None) for a, n in needed.items()}}
+    return out
+
+
+def check_same_warm_start(runs: dict) -> list[str]:
+    """Seeds whose algorithms disagree on the iteration-0 test evaluation (the warm-start), as messages."""
+    problems = []
+    for seed in sorted(set.intersection(*(set(per_seed) for per_seed in runs.values()))):
+        firsts = {a: runs[a][seed]["test"][min(runs[a][seed]["test"])] for a in runs}
+        if len({json.dumps(f, sort_keys=True) for f in firsts.values()}) > 1:
+            problems.append(f"seed {seed}: the warm-starts differ ({firsts})")
+    return problems
+
+
+def summarize(runs: dict, eff: dict) -> dict:
+    """Per algorithm: test success and turns at the warm-start and the end, mean and s.e. over seeds, and
+    the episodes-to-reach figures."""
+    from jaxrl_hier.bench import mean_se
+
+    out = {}
+    for algo, per_seed in runs.items():
+        first = [r["test"][min(r["test"])] for r in per_seed.values()]
+        last = [r["test"][max(r["test"])] for r in per_seed.values()]
+        out[algo] = {k: {"sft": mean_se([f[k] for f in first]), "rl": mean_se([x[k] for x in last]),
+                         "per_seed_rl": [x[k] for x in last]} for k in ("success", "turns")}
+        out[algo]["episodes_to_group_final"] = [eff[s]["episodes"].get(algo) for s in sorted(eff)]
+        out[algo]["ratio_to_group"] = mean_se([eff[s]["ratio"].get(algo) for s in sorted(eff)])
+        out[algo]["episodes_played"] = max(max(r["validation"]) for r in per_seed.values())
+    return out
+
+
+def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
+    from jaxrl_hier.bench import fmt_mean_se
+
+    lines = [f"| {name} | test success (%), warm-start | test success (%), end | test turns, end | "
+             f"episodes to the group's final validation success, seeds {seeds} | ratio to group |",
+             "|---|---:|---:|---:|---|---:|"]
+    for algo, s in summary.items():
+        reach = ", ".join("never" if n is None else str(n) for n in s["episodes_to_group_final"])
+        lines.append(f"| {algo} | {fmt_mean_se(*s['success']['sft'])} | {fmt_mean_se(*s['success']['rl'])} | "
+                     f"{fmt_mean_se(*s['turns']['rl'], pct=False, digits=2)} | {reach} (of {s['episodes_played']}) | "
+                     f"{fmt_mean_se(*s['ratio_to_group'], pct=False, digits=2)} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--configs", type=Path, nargs="+", default=[REPO / "configs" / "guided_guess64.yaml"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    parser.add_argument("--speed", action="store_true", help="also run multiturn_rollout.py into DIR/speed")
+    args = parser.parse_args(argv)
+    from jaxrl_hier.bench import seed_sweep_error
+    from jaxrl_hier.config import read_yaml
+
+    for config in args.configs:
+        if error := seed_sweep_error(config, args.seeds):
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if read_yaml(config).get("env") not in ("guess_number", "wordle"):
+            print(f"error: {config} is not a multi-turn game config (env: guess_number or wordle)", file=sys.stderr)
+            return 2
+    if "group" not in args.algorithms:
+        print("error: --algorithms must include group (the baseline the others are measured against)",
+              file=sys.stderr)
+        return 2
+
+    from jaxrl_hier.bench import device_info, train_run
+    from jaxrl_hier.io import atomic_write_json, atomic_write_text
+
+    results: dict = {}
+    lines = [f"Multi-turn RL from one warm-start, seeds {args.seeds}: greedy test success at the warm-start and the "
+             "end (mean ± standard error), and the episodes each algorithm needed for its greedy validation "
+             "success to reach the group baseline's final one.", ""]
+    for config in args.configs:
+        runs: dict = {a: {} for a in args.algorithms}
+        for algo in args.algorithms:
+            for seed in args.seeds:
+                out = args.out / config.stem / algo / f"seed{seed}"
+                train_run(config, out, [f"seed={seed}", f"advantage={algo}"], out.parent / f"log_seed{seed}.txt", REPO)
+                runs[algo][seed] = read_run(out)
+        if problems := check_same_warm_start(runs):
+            print("error: " + "; ".join(problems), file=sys.stderr)
+            return 1
+        eff = efficiency(runs)
+        summary = summarize(runs, eff)
+        results[config.stem] = {"runs": runs, "efficiency": eff, "summary": summary}
+        lines += [f"{config.stem}:", "", *table(config.stem, summary, args.seeds), ""]
+    atomic_write_json(args.out / "multiturn.json", {"benchmark": "multiturn", **device_info(),
+                                                    "configs": [str(c) for c in args.configs], "seeds": args.seeds,
+                                                    "algorithms": args.algorithms, "results": results})
+    atomic_write_text(args.out / "multiturn.md", "\n".join(lines))
+    plot(results, args.out / "multiturn.png")
+    print("\n".join(lines))
+    if args.speed:
+        from benchmarks import multiturn_rollout
+
+        return multiturn_rollout.main(["--out", str(args.out / "speed")])
+    return 0
+
+
+def plot(results: dict, path: Path) -> None:
+    from jaxrl_hier.bench import mean_se
+    from jaxrl_hier.logging.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.5), squeeze=False)
+    for ax, (name, res) in zip(axes[0], results.items()):
+        for algo, per_seed in res["runs"].items():
+            for curve, style in (("validation", "o-"), ("train", ":")):
+                xs = sorted(set.intersection(*(set(r[curve]) for r in per_seed.values())))
+                stats = [mean_se([r[curve][x] for r in per_seed.values()]) for x in xs]
+                label = f"{algo}, {'validation (greedy)' if curve == 'validation' else 'training episodes (sampled)'}"
+                ax.errorbar(xs, [100 * m for m, _ in stats], yerr=[100 * (se or 0) for _, se in stats],
+                            fmt=style, capsize=2, label=label)
+        ax.set(xlabel="episodes played", ylabel="success (%)",
+               title=f"{name}, seeds {sorted(next(iter(res['runs'].values())))} (mean ± s.e.)")
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""benchmarks/multiturn.py's reading of runs (curves against episodes played, the test split at the two
+ends only), its sample-efficiency figure (episodes to reach the group baseline's final validation
+success), the same-warm-start check, the table, and its refusals of bad input before any run."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks import multiturn  # noqa: E402
+
+
+def write_run(path: Path, validation: list[float], first_test: float = 0.3, per_iter: int = 10) -> None:
+    """A game run evaluated on validation every 2 iterations (`validation` in order), test at both ends."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(f"episodes_per_iteration: {per_iter}\n")
+    last = 2 * (len(validation) - 1)
+    rows = []
+    for step in range(last + 1):
+        row = {"step": step} | ({"train/success": 0.1 * step} if step else {})
+        if step % 2 == 0:
+            row["eval/success"] = validation[step // 2]
+        if step in (0, last):
+            row |= {"test/success": first_test if step == 0 else validation[-1], "test/turns": 5.0 - step / 10}
+        rows.append(row)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_read_run_puts_curves_on_episodes_played(tmp_path):
+    write_run(tmp_path / "r", [0.2, 0.4, 0.5])
+    run = multiturn.read_run(tmp_path / "r")
+    assert run["validation"] == {0: 0.2, 20: 0.4, 40: 0.5}  # after step iterations of 10 episodes
+    assert run["train"] == pytest.approx({10: 0.1, 20: 0.2, 30: 0.3, 40: 0.4})
+    assert run["test"] == {0: {"success": 0.3, "turns": 5.0}, 4: {"success": 0.5, "turns": 4.6}}
+
+
+def test_episodes_to_reach_and_efficiency(tmp_path):
+    assert multiturn.episodes_to_reach({0: 0.1, 20: 0.5, 40: 0.4, 60: 0.6}, 0.5) == 20
+    assert multiturn.episodes_to_reach({0: 0.1, 20: 0.3}, 0.5) is None
+    for algo, seed, curve in (("group", 0, [0.2, 0.3, 0.5, 0.6]), ("archer", 0, [0.2, 0.6, 0.6, 0.7]),
+                              ("group", 1, [0.2, 0.4, 0.4, 0.4]), ("archer", 1, [0.2, 0.3, 0.3, 0.3])):
+        write_run(tmp_path / algo / str(seed), curve)
+    runs = {a: {s: multiturn.read_run(tmp_path / a / str(s)) for s in (0, 1)} for a in ("group", "archer")}
+    eff = multiturn.efficiency(runs)
+    assert eff[0]["target"] == 0.6 and eff[0]["episodes"] == {"group": 60, "archer": 20}
+    assert eff[0]["ratio"]["archer"] == pytest.approx(1 / 3)
+    assert eff[1]["episodes"] == {"group": 20, "archer": None} and eff[1]["ratio"]["archer"] is None
+    assert multiturn.check_same_warm_start(runs) == []
+    s = multiturn.summarize(runs, eff)
+    assert s["archer"]["success"]["rl"] == pytest.approx((0.5, 0.2))
+    assert s["archer"]["episodes_to_group_final"] == [20, None] and s["archer"]["episodes_played"] == 60
+    assert "| archer | 30.0 ± 0.0 | 50.0 ± 20.0 | 4.40 ± 0.00 | 20, never (of 60) | 0.33 |" in \
+        multiturn.table("g", s, [0, 1])
+
+
+def test_different_warm_starts_are_named(tmp_path):
+    write_run(tmp_path / "g", [0.2, 0.5], first_test=0.3)
+    write_run(tmp_path / "a", [0.2, 0.5], first_test=0.4)
+    runs = {"group": {0: multiturn.read_run(tmp_path / "g")}, "archer": {0: multiturn.read_run(tmp_path / "a")}}
+    assert multiturn.check_same_warm_start(runs)[0].startswith("seed 0: the warm-starts differ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--configs", "/nonexistent.yaml"], "is not a file"),
+    (["--configs", "configs/grpo_arithmetic.yaml"], "not a multi-turn game config"),
+    (["--algorithms", "archer"], "must include group"),
+])
+def test_bad_input_exits_2_before_any_run(tmp_path, capsys, argv, message):
+    out = tmp_path / "o"
+    argv = [a if not a.startswith("configs/") else str(multiturn.REPO / a) for a in argv]
+    assert multiturn.main(["--out", str(out), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
