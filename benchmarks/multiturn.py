@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         if error := seed_sweep_error(config, args.seeds):
             print(f"error: {error}", file=sys.stderr)
             return 2
-        if read_yaml(config).get("env") not in ("guess_number", "wordle"):
-            print(f"error: {config} is not a multi-turn game config (env: guess_number or wordle)", file=sys.stderr)
+        if read_yaml(config).get("env") not in ("guess_number", "wordle", "twenty_questions"):
+            print(f"error: {config} is not a multi-turn game config (env: guess_number, wordle or twenty_questions)",
+                  file=sys.stderr)
             return 2
     if "group" not in args.algorithms:
         print("error: --algorithms must include group (the baseline the others are measured against)",

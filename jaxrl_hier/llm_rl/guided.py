@@ -513,12 +513,14 @@ def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> 
 def make_env(config: GuidedConfig) -> Any:
     """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
     from jaxrl_hier.tasks import task_from_config
-    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwoTurnEnv, WordleEnv
+    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwentyQuestionsEnv, TwoTurnEnv, WordleEnv
 
     if config.env == "guess_number":
         return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
     if config.env == "wordle":
         return WordleEnv(max_turns=config.game_max_turns)
+    if config.env == "twenty_questions":
+        return TwentyQuestionsEnv(max_turns=config.game_max_turns)
     return TwoTurnEnv(task_from_config(config), wrong_fraction=config.hint_wrong_fraction,
                       max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
 

@@ -18,8 +18,9 @@ class GuidedConfig:
     seed: int = 0
 
     # ---- environment: "two_turn" (answer, hint, answer on a task), "guess_number" (higher/lower game) or
-    # "wordle" (five-letter words with letter feedback; game_max_turns guesses)
-    env: Literal["two_turn", "guess_number", "wordle"] = "two_turn"
+    # "wordle" (five-letter words with letter feedback; game_max_turns guesses) or "twenty_questions" (find an
+    # object of a closed set by asking its attributes, answered from a table; game_max_turns turns)
+    env: Literal["two_turn", "guess_number", "wordle", "twenty_questions"] = "two_turn"
     task: str = "arithmetic"
     task_operators: str = "+-"
     task_digits: int = 1
@@ -163,13 +164,20 @@ class GuidedConfig:
                               f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
                               "raise it.")
         if self.turn_loop == "compiled" and self.env == "two_turn":
-            raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle); env: two_turn "
-                              "replies from host Python: use turn_loop: auto or host.")
+            raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle, twenty_questions); "
+                              "env: two_turn replies from host Python: use turn_loop: auto or host.")
         if self.env != "two_turn" and self.guidance_model_path:
             raise ConfigError(f"guidance_model_path applies to env: two_turn only ({self.env} has no guidance turn).")
         if self.env == "wordle" and self.max_new_tokens < 6:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a five-letter guess plus EOS; "
                               "raise it to 6.")
+        if self.env == "twenty_questions":
+            from jaxrl_hier.tasks.text_games import ATTRIBUTES, OBJECTS
+
+            need = max(map(len, [*OBJECTS, *ATTRIBUTES])) + 1
+            if self.max_new_tokens < need:
+                raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold the longest object or attribute "
+                                  f"plus EOS; raise it to {need}.")
         if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a guess up to {self.game_high} plus "
                               f"EOS; raise it to {len(str(self.game_high)) + 1}.")

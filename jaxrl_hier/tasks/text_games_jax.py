@@ -27,6 +27,9 @@ host environment's state text (`observation(ep)`), which a test checks turn by t
   tokenizer, so multi-character tokens (" 12") parse as their text does.
 - `WordleJax`: `text_games.WordleEnv` in JAX, for tokenizers that write letters one per token (see
   the class); the feedback line is composed from letter and mark ids.
+- `TwentyQuestionsJax`: `text_games.TwentyQuestionsEnv` in JAX, for the same tokenizers; an utterance
+  is read as an object or an attribute (`parse_phrase`, Wordle's parser too) and answered from the
+  attribute table.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import numpy as np
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.tasks.text_games import WORDS, GuessNumberEnv, WordleEnv
+from jaxrl_hier.tasks.text_games import ATTRIBUTES, OBJECTS, WORDS, GuessNumberEnv, TwentyQuestionsEnv, WordleEnv
 
 OTHER, SPACE, DIGITS = 0, 1, 2  # a vocabulary entry's class for the guess parser
 SPACE_CODE = -2  # Wordle's parser: a whitespace token
@@ -129,6 +132,79 @@ def _encode(tokenizer: Any, texts: Sequence[str], width: int) -> tuple[np.ndarra
     return ids, mask
 
 
+def char_vocabulary(tokenizer: Any, vocab_size: int, extra: str) -> tuple[np.ndarray, dict[str, int]] | None:
+    """For the per-character parsers: per vocabulary id its letter code (0..25 for a-z, SPACE_CODE for
+    whitespace, -1 otherwise), and the id of each single character; None when the tokenizer merges
+    letters or spaces into one token (the parser would misread it) or lacks a-z or a character of `extra`."""
+    special = set(tokenizer.all_special_ids)
+    letter_of = np.full(vocab_size, -1, np.int32)
+    ids: dict[str, int] = {}
+    for i in range(min(vocab_size, len(tokenizer))):
+        if i in special:
+            continue
+        text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
+        if len(text) > 1 and all(ch in string.ascii_lowercase + string.whitespace for ch in text):
+            return None
+        if len(text) == 1:
+            ids.setdefault(text, i)
+            if text in string.ascii_lowercase:
+                letter_of[i] = ord(text) - ord("a")
+            elif text in string.whitespace:
+                letter_of[i] = SPACE_CODE
+    if any(ch not in ids for ch in string.ascii_lowercase + extra):
+        return None
+    return letter_of, ids
+
+
+def phrase_codes(phrases: Sequence[str]) -> np.ndarray:
+    """[P, L] letter codes of lowercase phrases, -1 after each phrase's end (L: the longest)."""
+    width = max(map(len, phrases))
+    return np.asarray([[ord(ch) - ord("a") for ch in p] + [-1] * (width - len(p)) for p in phrases], np.int32)
+
+
+def parse_phrase(utterance: jax.Array, mask: jax.Array, letter_of: np.ndarray, phrases: np.ndarray, eos: int
+                 ) -> jax.Array:
+    """[B] the row of `phrases` (`phrase_codes`) that each utterance's text is, cut at EOS and stripped of
+    whitespace; -1 where it is none (a token that is neither a letter nor whitespace, a space inside the
+    letters, or more letters than the longest phrase)."""
+    width = phrases.shape[1]
+    letter_of = jnp.asarray(letter_of)
+
+    def one(carry, tok_m):
+        phase, bad, count, letters, ended = carry  # phase 0: leading space, 1: letters, 2: trailing space
+        tok, m = tok_m
+        ended = ended | (m == 0) | (tok == eos)
+        live = ~ended
+        code = letter_of[tok]
+        is_letter = live & (code >= 0)
+        bad = bad | (live & (code == -1)) | (is_letter & ((phase == 2) | (count >= width)))
+        slot = jnp.minimum(count, width - 1)
+        letters = jnp.where(is_letter[:, None] & (jnp.arange(width)[None] == slot[:, None]), code[:, None], letters)
+        count = count + is_letter
+        phase = jnp.where(is_letter, 1, jnp.where(live & (code == SPACE_CODE) & (phase == 1), 2, phase))
+        return (phase, bad, count, letters, ended), None
+
+    b = utterance.shape[0]
+    zeros = jnp.zeros(b, jnp.int32)
+    init = (zeros, jnp.zeros(b, bool), zeros, jnp.full((b, width), -1, jnp.int32), jnp.zeros(b, bool))
+    (_, bad, _, letters, _), _ = jax.lax.scan(one, init, (utterance.T, mask.T))
+    match = jnp.all(letters[:, None, :] == jnp.asarray(phrases)[None], axis=-1)  # [B, P]; unused slots stay -1
+    return jnp.where(~bad & match.any(axis=1), jnp.argmax(match, axis=1), -1)
+
+
+def _first_observation(game: Any, tokenizer: Any, bos: int | None) -> np.ndarray:
+    """[O] BOS + the header's ids: every game's first observation."""
+    header = tokenizer(game.header(), add_special_tokens=False)["input_ids"]
+    return np.asarray(([bos] if bos is not None else []) + list(header), np.int32)
+
+
+def _reply_lines(game: Any, tokenizer: Any, turns: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """[R, A] left-padded ids (and mask) of the state line each (utterance, reply) adds, A the longest."""
+    texts = [game.render([u], [r])[len(game.header()):] for u, r in turns]
+    width = max(len(r) for r in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    return _encode(tokenizer, texts, width)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class GuessNumberJax(JaxGame):
     """`GuessNumberEnv` with its oracle in JAX (module docstring); build it with `GuessNumberJax.build`."""
@@ -146,13 +222,10 @@ class GuessNumberJax(JaxGame):
         from jaxrl_hier.llm_rl.data import special_ids
 
         pad, bos, eos = special_ids(tokenizer)
-        header = tokenizer(game.header(), add_special_tokens=False)["input_ids"]
-        texts = [game.render([str(g)], [r])[len(game.header()):] for g in range(1, game.high + 1)
-                 for r in ("higher", "lower")] + [game.render(["?"], ["bad"])[len(game.header()):]]
-        width = max(len(r) for r in tokenizer(texts, add_special_tokens=False)["input_ids"])
-        lines, line_mask = _encode(tokenizer, texts, width)
-        obs = np.asarray(([bos] if bos is not None else []) + list(header), np.int32)
-        return cls(game, obs, lines, line_mask, token_classes(tokenizer, vocab_size), eos, pad)
+        turns = [(str(g), r) for g in range(1, game.high + 1) for r in ("higher", "lower")] + [("?", "bad")]
+        lines, line_mask = _reply_lines(game, tokenizer, turns)
+        return cls(game, _first_observation(game, tokenizer, bos), lines, line_mask,
+                   token_classes(tokenizer, vocab_size), eos, pad)
 
     @property
     def append_len(self) -> int:
@@ -224,29 +297,14 @@ class WordleJax(JaxGame):
         from jaxrl_hier.llm_rl.data import special_ids
 
         pad, bos, eos = special_ids(tokenizer)
-        special = set(tokenizer.all_special_ids)
-        letter_of = np.full(vocab_size, -1, np.int32)
-        ids: dict[str, int] = {}
-        for i in range(min(vocab_size, len(tokenizer))):
-            if i in special:
-                continue
-            text = tokenizer.decode([i], clean_up_tokenization_spaces=False)
-            if len(text) > 1 and all(ch in string.ascii_lowercase + string.whitespace for ch in text):
-                return None  # a merged token the per-character parser would misread
-            if len(text) == 1:
-                ids.setdefault(text, i)
-                if text in string.ascii_lowercase:
-                    letter_of[i] = ord(text) - ord("a")
-                elif text in string.whitespace:
-                    letter_of[i] = SPACE_CODE
-        if any(ch not in ids for ch in string.ascii_lowercase + " \ngy.?"):
+        chars = char_vocabulary(tokenizer, vocab_size, " \ngy.?")
+        if chars is None:
             return None
-        header = tokenizer(game.header(), add_special_tokens=False)["input_ids"]
-        obs = np.asarray(([bos] if bos is not None else []) + list(header), np.int32)
+        letter_of, ids = chars
         width = 2 * game.word_length + 2
         bad_line, bad_mask = _encode(tokenizer, [game.render(["?"], ["bad"])[len(game.header()):]], width)
-        words = np.asarray([[ord(ch) - ord("a") for ch in w] for w in WORDS], np.int32)
-        return cls(game, obs, letter_of, words, np.asarray([ids[ch] for ch in string.ascii_lowercase], np.int32),
+        return cls(game, _first_observation(game, tokenizer, bos), letter_of, phrase_codes(WORDS),
+                   np.asarray([ids[ch] for ch in string.ascii_lowercase], np.int32),
                    np.asarray([ids["g"], ids["y"], ids["."]], np.int32), ids[" "], ids["\n"], bad_line[0],
                    bad_mask[0], eos, pad)
 
@@ -259,31 +317,7 @@ class WordleJax(JaxGame):
 
     def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
         """[B] the index in WORDS of each utterance's word, -1 where it is not a listed word."""
-        length = self.game.word_length
-        letter_of = jnp.asarray(self.letter_of)
-
-        def one(carry, tok_m):
-            phase, bad, count, letters, ended = carry  # phase 0: leading space, 1: letters, 2: trailing space
-            tok, m = tok_m
-            ended = ended | (m == 0) | (tok == self.eos)
-            live = ~ended
-            code = letter_of[tok]
-            is_letter = live & (code >= 0)
-            bad = bad | (live & (code == -1)) | (is_letter & ((phase == 2) | (count >= length)))
-            slot = jnp.minimum(count, length - 1)
-            letters = jnp.where(is_letter[:, None] & (jnp.arange(length)[None] == slot[:, None]), code[:, None],
-                                letters)
-            count = count + is_letter
-            phase = jnp.where(is_letter, 1, jnp.where(live & (code == SPACE_CODE) & (phase == 1), 2, phase))
-            return (phase, bad, count, letters, ended), None
-
-        b = utterance.shape[0]
-        zeros = jnp.zeros(b, jnp.int32)
-        init = (zeros, jnp.zeros(b, bool), zeros, jnp.zeros((b, length), jnp.int32), jnp.zeros(b, bool))
-        (_, bad, count, letters, _), _ = jax.lax.scan(one, init, (utterance.T, mask.T))
-        match = jnp.all(letters[:, None, :] == jnp.asarray(self.words)[None], axis=-1)  # [B, W]
-        ok = ~bad & (count == length) & match.any(axis=1)
-        return jnp.where(ok, jnp.argmax(match, axis=1), -1)
+        return parse_phrase(utterance, mask, self.letter_of, self.words, self.eos)
 
     def step(self, state: GameState, utterance: jax.Array, mask: jax.Array
              ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -301,6 +335,62 @@ class WordleJax(JaxGame):
                              jnp.where(bad, jnp.asarray(self.bad_mask)[None], jnp.ones_like(line)))
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TwentyQuestionsJax(JaxGame):
+    """`text_games.TwentyQuestionsEnv` in JAX, for tokenizers that write letters one per token (as
+    `WordleJax`; `build` returns None for others). An utterance is parsed to an object or attribute
+    (`parse_phrase`); the reply line is one of the precomputed "attr yes / attr no / object wrong /
+    ? bad" lines, picked from the attribute table."""
+
+    game: TwentyQuestionsEnv
+    obs: np.ndarray        # [O] BOS + header ids
+    letter_of: np.ndarray  # [V] (char_vocabulary)
+    phrases: np.ndarray    # [objects + attributes, L] letter codes: OBJECTS in order, then ATTRIBUTES
+    has: np.ndarray        # [objects, attributes] bool: the table
+    lines: np.ndarray      # [2 attributes + objects + 1, A]: "a yes\n" at 2a, "a no\n" at 2a+1, "o wrong\n"
+    line_mask: np.ndarray  # at 2 attributes + o, "? bad\n" last
+    eos: int
+    pad: int
+
+    @classmethod
+    def build(cls, game: TwentyQuestionsEnv, tokenizer: Any, vocab_size: int) -> "TwentyQuestionsJax | None":
+        from jaxrl_hier.llm_rl.data import special_ids
+
+        pad, bos, eos = special_ids(tokenizer)
+        chars = char_vocabulary(tokenizer, vocab_size, " \n?")
+        if chars is None:
+            return None
+        objects = list(OBJECTS)
+        has = np.asarray([[a in OBJECTS[o] for a in ATTRIBUTES] for o in objects])
+        turns = [(a, r) for a in ATTRIBUTES for r in ("yes", "no")] + [(o, "wrong") for o in objects] + [("?", "bad")]
+        lines, line_mask = _reply_lines(game, tokenizer, turns)
+        return cls(game, _first_observation(game, tokenizer, bos), chars[0], phrase_codes(objects + list(ATTRIBUTES)),
+                   has, lines, line_mask, eos, pad)
+
+    @property
+    def append_len(self) -> int:
+        return self.lines.shape[1]
+
+    def secret_ids(self, episodes: Sequence[Any]) -> jax.Array:
+        index = {o: i for i, o in enumerate(OBJECTS)}
+        return jnp.asarray([index[ep.secret] for ep in episodes], jnp.int32)
+
+    def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
+        """[B] each utterance's row of `phrases` (an object below len(OBJECTS), else an attribute), -1 for none."""
+        return parse_phrase(utterance, mask, self.letter_of, self.phrases, self.eos)
+
+    def step(self, state: GameState, utterance: jax.Array, mask: jax.Array
+             ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
+        n_obj, n_attr = self.has.shape
+        said = self.parse(utterance, mask)
+        attr = jnp.clip(said - n_obj, 0, n_attr - 1)
+        yes = jnp.asarray(self.has)[state.secret, attr]
+        line = jnp.where(said < 0, 2 * n_attr + n_obj,
+                         jnp.where(said < n_obj, 2 * n_attr + said, 2 * attr + (~yes).astype(jnp.int32)))
+        return self.end_turn(state, said == state.secret, jnp.asarray(self.lines)[line],
+                             jnp.asarray(self.line_mask)[line])
+
+
 def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
     """The JAX form of a host environment (`text_games`), or None where its replies need host Python
     (the two-turn env's answer checker; Wordle with a tokenizer that merges letters)."""
@@ -308,7 +398,10 @@ def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
         return GuessNumberJax.build(env, tokenizer, vocab_size)
     if isinstance(env, WordleEnv):
         return WordleJax.build(env, tokenizer, vocab_size)
+    if isinstance(env, TwentyQuestionsEnv):
+        return TwentyQuestionsJax.build(env, tokenizer, vocab_size)
     return None
 
 
-__all__ = ["GameState", "GuessNumberJax", "JaxGame", "WordleJax", "jax_form", "token_classes"]
+__all__ = ["GameState", "GuessNumberJax", "JaxGame", "TwentyQuestionsJax", "WordleJax", "char_vocabulary", "jax_form",
+           "parse_phrase", "phrase_codes", "token_classes"]

@@ -15,8 +15,9 @@ from jaxrl_hier.llm_rl.data import encode_completions, special_ids
 from jaxrl_hier.llm_rl.turns import compiled_rollout
 from jaxrl_hier.tasks import build_char_tokenizer
 from jaxrl_hier.tasks.jax_rewards import decode_completions
-from jaxrl_hier.tasks.text_games import WORDS, GuessEpisode, GuessNumberEnv, WordleEnv, WordleEpisode, wordle_feedback
-from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, WordleJax, jax_form, token_classes
+from jaxrl_hier.tasks.text_games import (ATTRIBUTES, OBJECTS, WORDS, GameEpisode, GuessEpisode, GuessNumberEnv,
+                                         TwentyQuestionsEnv, WordleEnv, WordleEpisode, wordle_feedback)
+from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, TwentyQuestionsJax, WordleJax, jax_form, token_classes
 
 TOK = build_char_tokenizer()
 N = 5  # utterance tokens
@@ -229,6 +230,62 @@ def test_wordle_in_jax_matches_the_host_game():
     assert eps[0].replies == ["...gg", "bad", "bad", "y...."]  # "crane" is not a listed word
 
 
+def test_twenty_questions_table_splits_and_warm_start():
+    game = TwentyQuestionsEnv()
+    assert len(set(OBJECTS.values())) == len(OBJECTS)  # questions alone can single out every object
+    assert not set(OBJECTS) & set(ATTRIBUTES)
+    splits = {s: set(game.secrets(s)) for s in ("train", "validation", "test")}
+    assert sum(map(len, splits.values())) == len(OBJECTS) and set().union(*splits.values()) == set(OBJECTS)
+    assert min(map(len, splits.values())) >= 5 and all(ep.secret in splits["test"] for ep in game.reset("test", 30, 0))
+    ep = GameEpisode("cow")
+    for said, reply in (("big", "yes"), ("flies", "no"), ("horse", "wrong"), ("dog", "bad"), ("food", "yes")):
+        ep, reward, done = game.step(ep, f" {said}\n")
+        assert (ep.replies[-1], reward, done) == (reply, -1.0, False)
+    assert game.consistent(ep.guesses, ep.replies) == ["cow"]  # big, not flying, food, not the horse
+    ep, reward, done = game.step(ep, "cow")
+    assert (reward, done, ep.success, ep.ret) == (0.0, True, True, -5.0)
+    problems = game.sft_problems("train", 200, 0)
+    for p in problems:
+        assert game.sft_correct(p, p.target) and p.answer in splits["train"]
+        assert all(game.reply(g, p.answer) == r for g, r in zip(p.meta["guesses"], p.meta["replies"]))
+    targets = [p.target for p in problems]
+    assert any(t in ATTRIBUTES for t in targets) and any(t in OBJECTS for t in targets)  # asks and guesses
+    assert not game.sft_correct(problems[0], "sun moon")
+    asked = next(p for p in problems if any(g in ATTRIBUTES for g in p.meta["guesses"]))
+    assert not game.sft_correct(asked, next(g for g in asked.meta["guesses"] if g in ATTRIBUTES))  # asked again
+
+
+def test_twenty_questions_in_jax_matches_the_host_game():
+    game = TwentyQuestionsEnv(max_turns=5)
+    env = jax_form(game, TOK, len(TOK))
+    assert isinstance(env, TwentyQuestionsJax)
+    texts = ["cat", " cat", "cat\n", "ca", "cats", "big", "flies", "sweet ", "c at", "", "CAT", "tree", "rope", "zz"]
+    ids, mask = utterance_ids(texts, n=8)
+    phrases = list(OBJECTS) + list(ATTRIBUTES)
+    got = np.asarray(env.parse(ids, mask)).tolist()
+    assert got == [phrases.index(t.strip()) if t.strip() in phrases else -1 for t in texts]
+    secrets = ["cow", "kite", "rope", "sun"]
+    plays = [["big", "flies", "horse", "cow", "food"], ["flies", "round", "ball", "?", "kite"],
+             ["long", "tool", "metal", "knife", "pencil"], ["sun", "big", "x", "y", "z"]]
+    tokens = jnp.stack([utterance_ids([p[t] for p in plays], n=8)[0] for t in range(5)])
+    masks = jnp.stack([utterance_ids([p[t] for p in plays], n=8)[1] for t in range(5)])
+
+    def sample(t, policy, ids, mask, rng, greedy):
+        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
+
+    S = env.obs_len + (game.max_turns - 1) * env.append_len
+    state, ids0, mask0 = env.initial([GameEpisode(s) for s in secrets])
+    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
+    want, eps = host_replay(game, secrets, [[p[t] for p in plays] for t in range(5)], GameEpisode)
+    for t, row in enumerate(want):
+        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
+        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
+        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
+    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [True, True, False, True]
+    assert np.asarray(state.turn).tolist() == [e.turn for e in eps] == [4, 5, 5, 1]
+    assert eps[1].replies == ["yes", "no", "wrong", "bad"] and eps[2].replies[:3] == ["yes", "yes", "no"]
+
+
 def test_the_shipped_game_configs_play_the_compiled_loop():
     from pathlib import Path
 
@@ -237,7 +294,7 @@ def test_the_shipped_game_configs_play_the_compiled_loop():
     from jaxrl_hier.llm_rl.guided_config import GuidedConfig
     from jaxrl_hier.llm_rl.turns import check_state_len
 
-    for name in ("guided_game.yaml", "guided_wordle.yaml"):
+    for name in ("guided_game.yaml", "guided_guess64.yaml", "guided_wordle.yaml", "guided_twenty_questions.yaml"):
         raw = read_yaml(Path(__file__).resolve().parents[2] / "configs" / name)
         cfg = build_dataclass(GuidedConfig, {k: v for k, v in raw.items() if k != "algorithm"})
         cfg.validate()
