@@ -96,6 +96,8 @@ def state_length(config: GuidedConfig, env: Any) -> int:
     """S, the static token length of every state (BOS included)."""
     if config.env == "two_turn":
         return 1 + env.max_state_chars(config.max_prompt_length - 1, config.max_new_tokens - 1)
+    if config.env == "calculator":
+        return 1 + env.max_state_chars(config.max_prompt_length - 1)
     return 1 + env.max_state_chars()
 
 
@@ -521,6 +523,12 @@ def make_env(config: GuidedConfig) -> Any:
         return WordleEnv(max_turns=config.game_max_turns)
     if config.env == "twenty_questions":
         return TwentyQuestionsEnv(max_turns=config.game_max_turns)
+    if config.env == "calculator":
+        from jaxrl_hier.tasks.tool_use import CALL, CalculatorEnv
+
+        return CalculatorEnv(task_from_config(config), max_calls=config.tool_max_calls,
+                             call_chars=max(config.max_new_tokens - 1 - len(CALL), 1),
+                             direct_fraction=config.tool_direct_fraction)
     return TwoTurnEnv(task_from_config(config), wrong_fraction=config.hint_wrong_fraction,
                       max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
 

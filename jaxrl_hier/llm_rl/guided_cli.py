@@ -47,7 +47,7 @@ def check_guided_inputs(config: GuidedConfig, env: Any, tokenizer: Any) -> None:
     special_ids(tokenizer)
     S = state_length(config, env)
     first = [env.observation(ep) for ep in env.reset("train", 32, config.seed) + env.reset("test", 8, config.seed)]
-    if config.env == "two_turn":
+    if config.on_task:
         longest = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in first)
         if longest > config.max_prompt_length:
             raise ConfigError(f"a problem has {longest} tokens (with BOS) but max_prompt_length is "
@@ -84,8 +84,9 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
     guess_number: greedy over every secret, which come from the range training uses: `GuessNumberEnv`)."""
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
-    keys = (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")) if env == "two_turn" else \
-        (("turns", "turns per game"), ("success", "success rate"))
+    keys = {"two_turn": (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")),
+            "calculator": (("accuracy", "accuracy"), ("call_rate", "episodes that call the calculator"))}.get(
+        env, (("turns", "turns per game"), ("success", "success rate")))
     evaluated = "every secret" if env == "guess_number" else "validation"
     series = []
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
@@ -200,7 +201,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
                 save_tokenizer(tokenizer, out / directory)
         records = read_jsonl(out / "metrics.jsonl")
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
-        key = "test/turn2_accuracy" if config.env == "two_turn" else "test/turns"
+        key = {"two_turn": "test/turn2_accuracy", "calculator": "test/accuracy"}.get(config.env, "test/turns")
         evals = [(r["step"], r.get("test/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
         log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; over {len(test())} "
             f"{env.evaluation_label('test')}, {key} "

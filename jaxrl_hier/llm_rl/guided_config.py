@@ -19,8 +19,9 @@ class GuidedConfig:
 
     # ---- environment: "two_turn" (answer, hint, answer on a task), "guess_number" (higher/lower game) or
     # "wordle" (five-letter words with letter feedback; game_max_turns guesses) or "twenty_questions" (find an
-    # object of a closed set by asking its attributes, answered from a table; game_max_turns turns)
-    env: Literal["two_turn", "guess_number", "wordle", "twenty_questions"] = "two_turn"
+    # object of a closed set by asking its attributes, answered from a table; game_max_turns turns) or
+    # "calculator" (the task's problems with a calculator tool: `calc <expr>` calls, then the answer line)
+    env: Literal["two_turn", "guess_number", "wordle", "twenty_questions", "calculator"] = "two_turn"
     task: str = "arithmetic"
     task_operators: str = "+-"
     task_digits: int = 1
@@ -37,6 +38,8 @@ class GuidedConfig:
     reward_shaping: bool = False
     game_high: int = 16           # guess_number: secrets 1..game_high
     game_max_turns: int = 5
+    tool_max_calls: int = 2         # calculator: calls before the answer (tasks.tool_use)
+    tool_direct_fraction: float = 0.5  # calculator warm-start: share of examples answered without a call
     max_prompt_length: int = 8    # tokens of the task's prompt (with BOS); states are longer, see GuidedAgent
     max_new_tokens: int = 9       # tokens of an utterance (answer or hint, EOS included)
     # how a batch of episodes is played: "compiled" = one jitted loop over turns, the env's replies computed
@@ -105,6 +108,16 @@ class GuidedConfig:
     #: naming the new key)
     MOVED_KEYS: ClassVar[dict[str, str]] = {**SFT_MOVED_KEYS, **MODEL_MOVED_KEYS}
 
+    @property
+    def on_task(self) -> bool:
+        """The env plays a task's problems (two_turn, calculator): its states start with a task prompt."""
+        return self.env in ("two_turn", "calculator")
+
+    @property
+    def max_turns(self) -> int:
+        """Utterances per episode at most."""
+        return {"two_turn": 3, "calculator": self.tool_max_calls + 1}.get(self.env, self.game_max_turns)
+
     def validate(self) -> None:
         def at_least(low: int, *names: str) -> None:
             for n in names:
@@ -115,7 +128,7 @@ class GuidedConfig:
         at_least(1, "iterations", "episodes_per_iteration", "group_size", "critic_steps", "max_prompt_length", "max_new_tokens",
                  "lora_rank", "critic_hidden_size", "critic_layers", "critic_heads",
                  "critic_intermediate_size", "critic_mlp_hidden", "critic_batch_size", "replay_capacity",
-                 "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns")
+                 "eval_episodes", "log_every", "keep_checkpoints", "game_max_turns", "tool_max_calls")
         at_least(0, "actor_steps", "actor_micro_batch_size", "warmup_iterations",
                  "eval_every", "sample_log_count", "checkpoint_every")
         if not 0.0 <= self.hint_wrong_fraction <= 1.0 or self.hint_max_offset < 1:
@@ -158,14 +171,16 @@ class GuidedConfig:
             raise ConfigError("task: gsm8k needs task_path: a local GSM8K-format JSONL file.")
         if self.checkpoint_every and self.checkpoint_every % self.log_every:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every} must be a multiple of log_every={self.log_every}.")
-        turns = 3 if self.env == "two_turn" else self.game_max_turns
+        turns = self.max_turns
         if self.replay_capacity < self.episodes_per_iteration * turns:
             raise ConfigError(f"replay_capacity={self.replay_capacity} is smaller than one iteration's utterances "
                               f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
                               "raise it.")
-        if self.turn_loop == "compiled" and self.env == "two_turn":
+        if self.turn_loop == "compiled" and self.on_task:
             raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle, twenty_questions); "
-                              "env: two_turn replies from host Python: use turn_loop: auto or host.")
+                              f"env: {self.env} replies from host Python: use turn_loop: auto or host.")
+        if not 0.0 <= self.tool_direct_fraction <= 1.0:
+            raise ConfigError(f"tool_direct_fraction must be in [0, 1], got {self.tool_direct_fraction}.")
         if self.env != "two_turn" and self.guidance_model_path:
             raise ConfigError(f"guidance_model_path applies to env: two_turn only ({self.env} has no guidance turn).")
         if self.env == "wordle" and self.max_new_tokens < 6:

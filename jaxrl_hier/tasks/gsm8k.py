@@ -6,7 +6,9 @@ answer line "#### <number>", as in GSM8K:
     {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=<<3+4=7>>7\\n#### 7"}
 
 The problem's prompt is the question plus a newline; the SFT target is the worked solution with
-GSM8K's calculator annotations "<<...>>" removed (when `worked`), then "#### <answer>". Splits:
+GSM8K's calculator annotations "<<...>>" removed (when `worked`), then "#### <answer>"; the
+annotations' expressions are kept in `meta["calls"]` (the calculator tool's warm-start,
+`tasks.tool_use`). Splits:
 with `test_path`, test comes from `test_path` and train from `path` (minus any question also in the
 test file), less the validation slice: the questions whose hash falls below `validation_fraction`.
 Without it, one file is split by a hash of each question (`base.split_of`: `test_fraction` of
@@ -59,11 +61,13 @@ def load_gsm8k_jsonl(path: str | Path, worked: bool = True) -> list[Problem]:
         answer = extract_answer(record["answer"])
         if answer is None:
             raise ConfigError(f"{where}: the answer has no '{MARKER} <number>' line.")
+        calls = [a[2:-2].partition("=")[0].strip() for a in _CALCULATOR.findall(solution)]
         solution = _CALCULATOR.sub("", solution).strip()
         lines_out = ([solution] if worked and solution else []) + [f"{MARKER} {answer}"]
         question = record["question"].strip()
         problems.append(Problem(prompt=question + "\n", answer=answer, target="\n".join(lines_out),
-                                meta={"file": str(path), "line": lineno, "question": question}))
+                                meta={"file": str(path), "line": lineno, "question": question,
+                                      "calls": [c for c in calls if c]}))  # the annotations' computations
     if not problems:
         raise ConfigError(f"gsm8k file {path} holds no problems.")
     return problems
