@@ -262,8 +262,41 @@ class SecretGame:
     max_turns: int
     name: str
 
+    def __post_init__(self):
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
+            raise ConfigError(f"{self.name}: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
+
     def secrets(self, split: str) -> Sequence[Any]:
         raise NotImplementedError
+
+    def held_out(self, pool: Sequence[str], split: str) -> list[str]:
+        """The split's share of `pool` by each item's hash (`tasks.base.split_of`: 20% test, 20% validation,
+        the rest train): secrets of one split are never secrets of another."""
+        from jaxrl_hier.tasks.base import split_of
+
+        return [x for x in pool if split_of(f"{self.name}:{x}", 0.2, 0.2) == split]
+
+    def rule_problems(self, split: str, n: int, seed: int, rule: Any) -> list[Problem]:
+        """Warm-start examples: games of `rule(guesses, replies, rng) -> utterance` on secrets of `split`,
+        each cut at a random turn, with the rule's next utterance as the target (meta: the turns so far)."""
+        check_split_args(split, n, seed)
+        rng, pool = split_rng(seed, split, f"{self.name}:sft"), self.secrets(split)
+        out = []
+        while len(out) < n:
+            secret = rng.choice(pool)
+            guesses: list[str] = []
+            replies: list[str] = []
+            cut = rng.randrange(self.max_turns)
+            while True:
+                said = rule(guesses, replies, rng)
+                if len(guesses) == cut or said == secret:
+                    out.append(Problem(self.render(guesses, replies), secret, said,
+                                       {"task": self.name, "split": split, "guesses": list(guesses),
+                                        "replies": list(replies)}))
+                    break
+                guesses.append(said)
+                replies.append(self.reply(said, secret))
+        return out
 
     def header(self) -> str:
         raise NotImplementedError
@@ -349,8 +382,7 @@ class GuessNumberEnv(SecretGame):
     def __post_init__(self):
         if isinstance(self.high, bool) or not isinstance(self.high, int) or not 2 <= self.high <= 999:
             raise ConfigError(f"guess_number: high must be an integer in [2, 999], got {self.high!r}.")
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
-            raise ConfigError(f"guess_number: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
+        super().__post_init__()
 
     def secrets(self, split: str) -> Sequence[int]:
         return range(1, self.high + 1)  # every split: no secret is held out (the class says why)
@@ -472,15 +504,9 @@ class WordleEnv(SecretGame):
     name: str = "wordle"
     word_length: int = 5
 
-    def __post_init__(self):
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
-            raise ConfigError(f"wordle: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
-
     def secrets(self, split: str) -> list[str]:
-        """The split's secret words (20% test, 20% validation, the rest train; disjoint)."""
-        from jaxrl_hier.tasks.base import split_of
-
-        return [w for w in WORDS if split_of(f"{self.name}:{w}", 0.2, 0.2) == split]
+        """The split's secret words (disjoint: `held_out`)."""
+        return self.held_out(WORDS, split)
 
     def header(self) -> str:
         return "wordle:\n"
@@ -506,24 +532,7 @@ class WordleEnv(SecretGame):
     def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         """Warm-start examples: a history of guesses drawn uniformly from the words still consistent,
         cut at a random turn, and the next such guess as the target (secrets of `split`)."""
-        check_split_args(split, n, seed)
-        rng, pool = split_rng(seed, split, f"{self.name}:sft"), self.secrets(split)
-        out = []
-        while len(out) < n:
-            secret = rng.choice(pool)
-            guesses: list[str] = []
-            replies: list[str] = []
-            cut = rng.randrange(self.max_turns)
-            while True:
-                guess = rng.choice(self.consistent(guesses, replies))
-                if len(guesses) == cut or guess == secret:
-                    out.append(Problem(self.render(guesses, replies), secret, guess,
-                                       {"task": self.name, "split": split, "guesses": list(guesses),
-                                        "replies": list(replies)}))
-                    break
-                guesses.append(guess)
-                replies.append(wordle_feedback(guess, secret))
-        return out
+        return self.rule_problems(split, n, seed, lambda guesses, replies, rng: rng.choice(self.consistent(guesses, replies)))
 
     def sft_correct(self, problem: Problem, completion: str) -> bool:
         """A warm-start guess is good when it is a word still consistent with the feedback so far."""
@@ -633,15 +642,9 @@ class TwentyQuestionsEnv(SecretGame):
     max_turns: int = 10
     name: str = "twenty_questions"
 
-    def __post_init__(self):
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:
-            raise ConfigError(f"twenty_questions: max_turns must be an integer in [1, 32], got {self.max_turns!r}.")
-
     def secrets(self, split: str) -> list[str]:
-        """The split's secret objects (20% test, 20% validation, the rest train; disjoint)."""
-        from jaxrl_hier.tasks.base import split_of
-
-        return [o for o in OBJECTS if split_of(f"{self.name}:{o}", 0.2, 0.2) == split]
+        """The split's secret objects (disjoint: `held_out`)."""
+        return self.held_out(list(OBJECTS), split)
 
     def header(self) -> str:
         return "20 questions:\n"
@@ -679,24 +682,7 @@ class TwentyQuestionsEnv(SecretGame):
     def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         """Warm-start examples: a game of the rule's utterances (secrets of `split`) cut at a random turn,
         and the rule's next utterance as the target."""
-        check_split_args(split, n, seed)
-        rng, pool = split_rng(seed, split, f"{self.name}:sft"), self.secrets(split)
-        out = []
-        while len(out) < n:
-            secret = rng.choice(pool)
-            guesses: list[str] = []
-            replies: list[str] = []
-            cut = rng.randrange(self.max_turns)
-            while True:
-                utterance = self.rule_utterance(guesses, replies, rng)
-                if len(guesses) == cut or utterance == secret:
-                    out.append(Problem(self.render(guesses, replies), secret, utterance,
-                                       {"task": self.name, "split": split, "guesses": list(guesses),
-                                        "replies": list(replies)}))
-                    break
-                guesses.append(utterance)
-                replies.append(self.reply(utterance, secret))
-        return out
+        return self.rule_problems(split, n, seed, self.rule_utterance)
 
     def sft_correct(self, problem: Problem, completion: str) -> bool:
         """A warm-start utterance is good when it guesses an object still consistent with the answers or
