@@ -1,7 +1,7 @@
 """Multi-turn RL on text games: the group baseline against ArCHer's critic, success against episodes.
 
     python benchmarks/multiturn.py --out DIR [--configs configs/guided_guess64.yaml] [--seeds 0 1 2]
-        [--algorithms group archer] [--speed]
+        [--algorithms group archer] [--speed] [--report-only]
 
 For each config, algorithm and seed: `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`
 in DIR/<config>/<A>/seed<S> (`bench.train_run`: resumed or skipped where a killed sweep left it).
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--speed", action="store_true", help="also run multiturn_rollout.py into DIR/speed")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: summarise the finished runs in DIR (runs brought back from a device: "
+                             "benchmarks/device/multiturn_gpu.sh); seeds without every algorithm finished are left out")
     args = parser.parse_args(argv)
     from jaxrl_hier.bench import seed_sweep_error
     from jaxrl_hier.config import read_yaml
@@ -156,10 +159,20 @@ def main(argv: list[str] | None = None) -> int:
              "success to reach the group baseline's final one.", ""]
     for config in args.configs:
         runs: dict = {a: {} for a in args.algorithms}
+        seeds = args.seeds
+        if args.report_only:
+            finished = lambda a, s: (args.out / config.stem / a / f"seed{s}" / "model" / "model.safetensors").is_file()  # noqa: E731
+            seeds = [s for s in args.seeds if all(finished(a, s) for a in args.algorithms)]
+            print(f"{config.stem}: seeds with every algorithm finished: {seeds} (of {args.seeds})")
+            if not seeds:
+                print(f"error: no seed of {config.stem} has every algorithm finished in {args.out}", file=sys.stderr)
+                return 2
         for algo in args.algorithms:
-            for seed in args.seeds:
+            for seed in seeds:
                 out = args.out / config.stem / algo / f"seed{seed}"
-                train_run(config, out, [f"seed={seed}", f"advantage={algo}"], out.parent / f"log_seed{seed}.txt", REPO)
+                if not args.report_only:
+                    train_run(config, out, [f"seed={seed}", f"advantage={algo}"], out.parent / f"log_seed{seed}.txt",
+                              REPO)
                 runs[algo][seed] = read_run(out)
         if problems := check_same_warm_start(runs):
             print("error: " + "; ".join(problems), file=sys.stderr)
@@ -167,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         eff = efficiency(runs)
         summary = summarize(runs, eff)
         results[config.stem] = {"runs": runs, "efficiency": eff, "summary": summary}
-        lines += [f"{config.stem}:", "", *table(config.stem, summary, args.seeds), ""]
+        lines += [f"{config.stem}:", "", *table(config.stem, summary, seeds), ""]
     atomic_write_json(args.out / "multiturn.json", {"benchmark": "multiturn", **device_info(),
                                                     "configs": [str(c) for c in args.configs], "seeds": args.seeds,
                                                     "algorithms": args.algorithms, "results": results})

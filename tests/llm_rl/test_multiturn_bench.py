@@ -73,3 +73,23 @@ def test_bad_input_exits_2_before_any_run(tmp_path, capsys, argv, message):
     assert multiturn.main(["--out", str(out), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_report_only_summarises_finished_runs_without_training(tmp_path, monkeypatch, capsys):
+    """Runs brought back from a device: the seeds where every algorithm finished are compared, nothing trains."""
+    from jaxrl_hier import bench
+
+    monkeypatch.setattr(bench, "train_run", lambda *a, **k: pytest.fail("--report-only must not train"))
+    root = tmp_path / "out" / "guided_guess64"
+    for algo, seed, curve in (("group", 0, [0.2, 0.5]), ("archer", 0, [0.2, 0.6]), ("group", 1, [0.2, 0.4]),
+                              ("archer", 1, [0.2, 0.4]), ("group", 2, [0.2, 0.3])):
+        write_run(root / algo / f"seed{seed}", curve)
+        (root / algo / f"seed{seed}" / "model").mkdir()
+        (root / algo / f"seed{seed}" / "model" / "model.safetensors").write_bytes(b"")
+    write_run(root / "archer" / "seed2", [0.2])  # cut by the lease: no model, left out with its seed
+    config = str(multiturn.REPO / "configs" / "guided_guess64.yaml")
+    assert multiturn.main(["--out", str(tmp_path / "out"), "--configs", config, "--report-only"]) == 0
+    report = json.loads((tmp_path / "out" / "multiturn.json").read_text())["results"]["guided_guess64"]
+    assert sorted(report["runs"]["archer"]) == ["0", "1"] and report["efficiency"]["0"]["episodes"]["archer"] == 20
+    assert "seeds with every algorithm finished: [0, 1] (of [0, 1, 2])" in capsys.readouterr().out
+    assert multiturn.main(["--out", str(tmp_path / "none"), "--configs", config, "--report-only"]) == 2
