@@ -27,15 +27,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # per environment, the evaluation metrics reported (the first is the plot's); SHARES are shown in %
-METRICS = {"two_turn": ("turn2_accuracy", "turn1_accuracy", "accuracy_gain"), "game": ("turns", "success")}
-SHARES = {"turn2_accuracy", "turn1_accuracy", "accuracy_gain", "success"}
+METRICS = {"two_turn": ("turn2_accuracy", "turn1_accuracy", "accuracy_gain"), "game": ("turns", "success"),
+           "calculator": ("accuracy", "call_rate")}
+SHARES = {"turn2_accuracy", "turn1_accuracy", "accuracy_gain", "success", "accuracy", "call_rate"}
 
 
 def evaluations(out: Path) -> dict:
     """The run's env, its greedy test evaluations (iteration 0: the warm-start; the last) and their episode
     count, and its validation curve of the env's headline metric."""
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    env = "two_turn" if "test/turn2_accuracy" in rows[0] else "game"  # guess_number, wordle
+    env = "two_turn" if "test/turn2_accuracy" in rows[0] else "calculator" if "test/call_rate" in rows[0] else "game"
     head = METRICS[env][0]
     evals = {r["step"]: {k: r[f"test/{k}"] for k in METRICS[env]} for r in rows if r.get(f"test/{head}") is not None}
     curve = {r["step"]: r[f"eval/{head}"] for r in rows if r.get(f"eval/{head}") is not None}

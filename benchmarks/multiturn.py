@@ -13,21 +13,27 @@ The algorithms are the guided trainer's advantages on one backbone, roles and sc
   Polyak target, trained from the replay buffer every iteration (it trains in group runs too, unused).
 
 Same warm-start: the SFT stage is deterministic on the CPU given the seed, and the benchmark checks
-that every algorithm's iteration-0 evaluations of a seed agree (they are the same model).
+that every algorithm's iteration-0 evaluations of a seed agree (they are the same model). Runs from
+a GPU (`--report-only` over benchmarks/device/multiturn_gpu.sh's runs) are not bitwise deterministic:
+there the difference is reported, not refused.
 
 What is compared, and on which split:
-- the curve: greedy success on the validation split (`eval/success`, every `eval_every` iterations)
-  against episodes played (iterations x episodes_per_iteration); the sampled training episodes'
-  success (`train/success`, every iteration) beside it;
-- sample efficiency, per seed, on validation: the episodes each algorithm needs for its validation
-  success to reach the group baseline's final validation success (the first evaluation at or above
-  it; None where it never does), and that count over the group baseline's own;
+- the curves against episodes played (iterations x episodes_per_iteration): greedy success on the
+  validation split (`eval/success`, every `eval_every` iterations), and the sampled training episodes'
+  success (`train/success`, every iteration; what the policy plays while it learns: a tiny policy's
+  greedy play can stay at 0 while its sampled play moves);
+- sample efficiency, per seed, on each curve: the episodes each algorithm needs to reach the group
+  baseline's final success (the training curve smoothed over 5 iterations; None where it never
+  does), and that count over the group baseline's own;
 - the reported figures: greedy success and turns on the test split, evaluated twice per run (the
-  warm-start and the end), mean and standard error over seeds.
+  warm-start and the end), and the sampled training success over the first and the last 10
+  iterations, mean and standard error over seeds;
+- diagnostics: the actor's KL to the reference and the critic's Q regression loss over the last 10
+  iterations (the critic trains in group runs too, so its loss compares like with like).
 
 Nothing is tuned here: the configs run as shipped. Guess-the-number has no held-out secrets (its
 splits play the same secrets, `GuessNumberEnv` says why), so with `eval_episodes` covering every
-secret its validation and test figures coincide; Wordle's splits are disjoint word sets.
+secret its validation and test figures coincide; Wordle's and Twenty Questions' splits are disjoint.
 
 `--speed` also runs benchmarks/multiturn_rollout.py into DIR/speed: episodes per second of one compiled
 batch of games against a Python loop over turns. Writes DIR/multiturn.json, DIR/multiturn.md and
@@ -49,19 +55,30 @@ ALGORITHMS = ("group", "archer")
 
 
 def read_run(out: Path) -> dict:
-    """A game run's curves against episodes played and its test evaluations (iteration 0 and the last)."""
+    """A game run's curves against episodes played, its test evaluations (iteration 0 and the last) and the
+    per-iteration diagnostics (the actor's KL to the reference, the critic's Q regression loss)."""
     from jaxrl_hier.config import read_yaml
 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     per_iter = int(read_yaml(out / "config.yaml")["episodes_per_iteration"])
-    # a row's `step` counts the iterations done: its evaluations judge the policy trained on step x per_iter
-    # episodes, and its train/ figures summarise the last per_iter of them (played before that update)
-    validation = {r["step"] * per_iter: r["eval/success"] for r in rows if r.get("eval/success") is not None}
-    train = {r["step"] * per_iter: r["train/success"] for r in rows if r.get("train/success") is not None}
+
+    def curve(key: str) -> dict[int, float]:
+        # a row's `step` counts the iterations done: its evaluations judge the policy trained on step x
+        # per_iter episodes, and its train/ figures summarise the last per_iter of them (played before that update)
+        return {r["step"] * per_iter: r[key] for r in rows if r.get(key) is not None}
+
     test = {r["step"]: {"success": r["test/success"], "turns": r["test/turns"]}
             for r in rows if r.get("test/success") is not None}
-    return {"validation": validation, "train": train, "test": test, "episodes_per_iteration": per_iter,
+    return {"validation": curve("eval/success"), "train": curve("train/success"), "kl": curve("actor/kl"),
+            "q1_loss": curve("critic/q1_loss"), "test": test, "episodes_per_iteration": per_iter,
             "time_s": rows[-1].get("time_s")}
+
+
+def smoothed(curve: dict[int, float], window: int) -> dict[int, float]:
+    """Each point's mean with the `window - 1` points before it (the sampled training success is noisy)."""
+    xs = sorted(curve)
+    return {x: sum(curve[y] for y in xs[max(0, i - window + 1):i + 1]) / len(xs[max(0, i - window + 1):i + 1])
+            for i, x in enumerate(xs)}
 
 
 def episodes_to_reach(curve: dict[int, float], target: float) -> int | None:
@@ -69,13 +86,15 @@ def episodes_to_reach(curve: dict[int, float], target: float) -> int | None:
     return next((e for e in sorted(curve) if curve[e] >= target - 1e-9), None)
 
 
-def efficiency(runs: dict) -> dict:
-    """Per seed: the group baseline's final validation success, each algorithm's episodes to reach it and
+def efficiency(runs: dict, curve: str = "validation", window: int = 1) -> dict:
+    """Per seed, on one curve (`validation`: greedy; `train`: the sampled training episodes, smoothed over
+    `window` iterations): the group baseline's final success, each algorithm's episodes to reach it and
     their ratio to the group baseline's own episodes."""
     out = {}
     for seed, group in runs["group"].items():
-        target = group["validation"][max(group["validation"])]
-        needed = {a: episodes_to_reach(runs[a][seed]["validation"], target) for a in runs if seed in runs[a]}
+        curves = {a: smoothed(runs[a][seed][curve], window) for a in runs if seed in runs[a]}
+        target = curves["group"][max(curves["group"])]
+        needed = {a: episodes_to_reach(c, target) for a, c in curves.items()}
         base = needed["group"]
         out[seed] = {"target": target, "episodes": needed,
                      "ratio": {a: (n / base if n is not None and base else None) for a, n in needed.items()}}
@@ -92,9 +111,16 @@ def check_same_warm_start(runs: dict) -> list[str]:
     return problems
 
 
-def summarize(runs: dict, eff: dict) -> dict:
-    """Per algorithm: test success and turns at the warm-start and the end, mean and s.e. over seeds, and
-    the episodes-to-reach figures."""
+def ends(curve: dict[int, float], n: int) -> tuple[float, float]:
+    """The mean of a curve's first and of its last `n` points."""
+    xs = sorted(curve)
+    return sum(curve[x] for x in xs[:n]) / len(xs[:n]), sum(curve[x] for x in xs[-n:]) / len(xs[-n:])
+
+
+def summarize(runs: dict, eff: dict, eff_train: dict) -> dict:
+    """Per algorithm, mean and s.e. over seeds: test success and turns at the warm-start and the end; the
+    sampled training success over the first and the last 10 iterations; the actor's KL and the critic's
+    Q loss over the last 10; and the episodes-to-reach figures on both curves."""
     from jaxrl_hier.bench import mean_se
 
     out = {}
@@ -103,8 +129,14 @@ def summarize(runs: dict, eff: dict) -> dict:
         last = [r["test"][max(r["test"])] for r in per_seed.values()]
         out[algo] = {k: {"sft": mean_se([f[k] for f in first]), "rl": mean_se([x[k] for x in last]),
                          "per_seed_rl": [x[k] for x in last]} for k in ("success", "turns")}
-        out[algo]["episodes_to_group_final"] = [eff[s]["episodes"].get(algo) for s in sorted(eff)]
-        out[algo]["ratio_to_group"] = mean_se([eff[s]["ratio"].get(algo) for s in sorted(eff)])
+        train = [ends(r["train"], 10) for r in per_seed.values()]
+        out[algo]["train_success"] = {"first10": mean_se([a for a, _ in train]), "last10": mean_se([b for _, b in train]),
+                                      "per_seed_last10": [b for _, b in train]}
+        out[algo]["kl_last10"] = mean_se([ends(r["kl"], 10)[1] for r in per_seed.values() if r["kl"]])
+        out[algo]["q1_loss_last10"] = mean_se([ends(r["q1_loss"], 10)[1] for r in per_seed.values() if r["q1_loss"]])
+        for name, e in (("", eff), ("train_", eff_train)):
+            out[algo][f"{name}episodes_to_group_final"] = [e[s]["episodes"].get(algo) for s in sorted(e)]
+            out[algo][f"{name}ratio_to_group"] = mean_se([e[s]["ratio"].get(algo) for s in sorted(e)])
         out[algo]["episodes_played"] = max(max(r["validation"]) for r in per_seed.values())
     return out
 
@@ -112,14 +144,19 @@ def summarize(runs: dict, eff: dict) -> dict:
 def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
     from jaxrl_hier.bench import fmt_mean_se
 
-    lines = [f"| {name} | test success (%), warm-start | test success (%), end | test turns, end | "
-             f"episodes to the group's final validation success, seeds {seeds} | ratio to group |",
-             "|---|---:|---:|---:|---|---:|"]
+    lines = [f"| {name}, seeds {seeds} | test success (%), warm-start -> end | test turns, end | "
+             "sampled training success (%), first -> last 10 iterations | episodes to the group's final success: "
+             "validation (greedy); training (sampled, 5-iteration mean) | actor KL, last 10 | critic Q loss, last 10 |",
+             "|---|---|---:|---|---|---:|---:|"]
     for algo, s in summary.items():
-        reach = ", ".join("never" if n is None else str(n) for n in s["episodes_to_group_final"])
-        lines.append(f"| {algo} | {fmt_mean_se(*s['success']['sft'])} | {fmt_mean_se(*s['success']['rl'])} | "
-                     f"{fmt_mean_se(*s['turns']['rl'], pct=False, digits=2)} | {reach} (of {s['episodes_played']}) | "
-                     f"{fmt_mean_se(*s['ratio_to_group'], pct=False, digits=2)} |")
+        reach = {k: ", ".join("never" if n is None else str(n) for n in s[f"{k}episodes_to_group_final"])
+                 for k in ("", "train_")}
+        lines.append(f"| {algo} | {fmt_mean_se(*s['success']['sft'])} -> {fmt_mean_se(*s['success']['rl'])} | "
+                     f"{fmt_mean_se(*s['turns']['rl'], pct=False, digits=2)} | "
+                     f"{fmt_mean_se(*s['train_success']['first10'])} -> {fmt_mean_se(*s['train_success']['last10'])} | "
+                     f"{reach['']}; {reach['train_']} (of {s['episodes_played']}) | "
+                     f"{fmt_mean_se(*s['kl_last10'], pct=False, digits=3)} | "
+                     f"{fmt_mean_se(*s['q1_loss_last10'], pct=False, digits=2)} |")
     return lines
 
 
@@ -174,13 +211,18 @@ def main(argv: list[str] | None = None) -> int:
                     train_run(config, out, [f"seed={seed}", f"advantage={algo}"], out.parent / f"log_seed{seed}.txt",
                               REPO)
                 runs[algo][seed] = read_run(out)
-        if problems := check_same_warm_start(runs):
-            print("error: " + "; ".join(problems), file=sys.stderr)
+        drift = check_same_warm_start(runs)
+        if drift and not args.report_only:  # on a CPU the same seed gives the same warm-start, bit for bit
+            print("error: " + "; ".join(drift), file=sys.stderr)
             return 1
-        eff = efficiency(runs)
-        summary = summarize(runs, eff)
-        results[config.stem] = {"runs": runs, "efficiency": eff, "summary": summary}
+        eff, eff_train = efficiency(runs), efficiency(runs, "train", window=5)
+        summary = summarize(runs, eff, eff_train)
+        results[config.stem] = {"runs": runs, "efficiency": eff, "efficiency_train": eff_train, "summary": summary,
+                                "warm_start_drift": drift}
         lines += [f"{config.stem}:", "", *table(config.stem, summary, seeds), ""]
+        if drift:  # runs from a GPU: its SFT is not bitwise deterministic
+            lines += ["Warm-starts of one seed differ between the algorithms (runs from a device, whose SFT is not "
+                      "bitwise deterministic): " + "; ".join(drift), ""]
     atomic_write_json(args.out / "multiturn.json", {"benchmark": "multiturn", **device_info(),
                                                     "configs": [str(c) for c in args.configs], "seeds": args.seeds,
                                                     "algorithms": args.algorithms, "results": results})

@@ -19,7 +19,8 @@ def write_run(path: Path, validation: list[float], first_test: float = 0.3, per_
     last = 2 * (len(validation) - 1)
     rows = []
     for step in range(last + 1):
-        row = {"step": step} | ({"train/success": 0.1 * step} if step else {})
+        row = {"step": step} | ({"train/success": 0.1 * step, "actor/kl": 0.01 * step, "critic/q1_loss": 2.0}
+                                if step else {})
         if step % 2 == 0:
             row["eval/success"] = validation[step // 2]
         if step in (0, last):
@@ -48,11 +49,18 @@ def test_episodes_to_reach_and_efficiency(tmp_path):
     assert eff[0]["ratio"]["archer"] == pytest.approx(1 / 3)
     assert eff[1]["episodes"] == {"group": 20, "archer": None} and eff[1]["ratio"]["archer"] is None
     assert multiturn.check_same_warm_start(runs) == []
-    s = multiturn.summarize(runs, eff)
+    # the training curve (0.1 x iteration at every seed), smoothed over 3: both reach the group's final
+    # (0.5, the mean of iterations 4-6) at the last iteration
+    eff_train = multiturn.efficiency(runs, "train", window=3)
+    assert eff_train[0]["target"] == pytest.approx(0.5) and eff_train[0]["episodes"] == {"group": 60, "archer": 60}
+    assert multiturn.smoothed({0: 1.0, 10: 0.0, 20: 0.5}, 2) == {0: 1.0, 10: 0.5, 20: 0.25}
+    s = multiturn.summarize(runs, eff, eff_train)
     assert s["archer"]["success"]["rl"] == pytest.approx((0.5, 0.2))
     assert s["archer"]["episodes_to_group_final"] == [20, None] and s["archer"]["episodes_played"] == 60
-    assert "| archer | 30.0 ± 0.0 | 50.0 ± 20.0 | 4.40 ± 0.00 | 20, never (of 60) | 0.33 |" in \
-        multiturn.table("g", s, [0, 1])
+    assert s["group"]["train_success"]["first10"] == pytest.approx((0.35, 0.0))  # iterations 1-6: 0.1 .. 0.6
+    assert s["group"]["kl_last10"] == pytest.approx((0.035, 0.0)) and s["group"]["q1_loss_last10"][0] == 2.0
+    assert ("| archer | 30.0 ± 0.0 -> 50.0 ± 20.0 | 4.40 ± 0.00 | 35.0 ± 0.0 -> 35.0 ± 0.0 | 20, never; 60, 60 (of 60) "
+            "| 0.035 ± 0.000 | 2.00 ± 0.00 |") in multiturn.table("g", s, [0, 1])
 
 
 def test_different_warm_starts_are_named(tmp_path):
