@@ -28,8 +28,11 @@ What is compared, and on which split:
 - the reported figures: greedy success and turns on the test split, evaluated twice per run (the
   warm-start and the end), and the sampled training success over the first and the last 10
   iterations, mean and standard error over seeds;
-- diagnostics: the actor's KL to the reference and the critic's Q regression loss over the last 10
-  iterations (the critic trains in group runs too, so its loss compares like with like).
+- diagnostics over the last 10 iterations: the actor's KL to the reference; the critic's Q regression
+  loss; its V against the Monte-Carlo return-to-go of the iteration's utterances (mean squared error,
+  beside the returns' variance: what predicting their mean scores); and the correlation of its
+  advantage with the observed one (`guided.critic_diagnostics`). The critic trains in group runs too,
+  so these compare like with like.
 
 Nothing is tuned here: the configs run as shipped. Guess-the-number has no held-out secrets (its
 splits play the same secrets, `GuessNumberEnv` says why), so with `eval_episodes` covering every
@@ -70,7 +73,9 @@ def read_run(out: Path) -> dict:
     test = {r["step"]: {"success": r["test/success"], "turns": r["test/turns"]}
             for r in rows if r.get("test/success") is not None}
     return {"validation": curve("eval/success"), "train": curve("train/success"), "kl": curve("actor/kl"),
-            "q1_loss": curve("critic/q1_loss"), "test": test, "episodes_per_iteration": per_iter,
+            "q1_loss": curve("critic/q1_loss"), "v_return_mse": curve("actor/v_return_mse"),
+            "return_var": curve("actor/return_var"), "agreement": curve("actor/advantage_agreement"),
+            "test": test, "episodes_per_iteration": per_iter,
             "time_s": rows[-1].get("time_s")}
 
 
@@ -120,7 +125,9 @@ def ends(curve: dict[int, float], n: int) -> tuple[float, float]:
 def summarize(runs: dict, eff: dict, eff_train: dict) -> dict:
     """Per algorithm, mean and s.e. over seeds: test success and turns at the warm-start and the end; the
     sampled training success over the first and the last 10 iterations; the actor's KL and the critic's
-    Q loss over the last 10; and the episodes-to-reach figures on both curves."""
+    Q loss, V's error against the observed returns (beside their variance) and its advantage's correlation with
+    the observed one over the last 10 (n/a for runs from before those metrics); and the episodes-to-reach
+    figures on both curves."""
     from jaxrl_hier.bench import mean_se
 
     out = {}
@@ -132,8 +139,8 @@ def summarize(runs: dict, eff: dict, eff_train: dict) -> dict:
         train = [ends(r["train"], 10) for r in per_seed.values()]
         out[algo]["train_success"] = {"first10": mean_se([a for a, _ in train]), "last10": mean_se([b for _, b in train]),
                                       "per_seed_last10": [b for _, b in train]}
-        out[algo]["kl_last10"] = mean_se([ends(r["kl"], 10)[1] for r in per_seed.values() if r["kl"]])
-        out[algo]["q1_loss_last10"] = mean_se([ends(r["q1_loss"], 10)[1] for r in per_seed.values() if r["q1_loss"]])
+        for key in ("kl", "q1_loss", "v_return_mse", "return_var", "agreement"):  # runs before a metric: n/a
+            out[algo][f"{key}_last10"] = mean_se([ends(r[key], 10)[1] for r in per_seed.values() if r.get(key)])
         for name, e in (("", eff), ("train_", eff_train)):
             out[algo][f"{name}episodes_to_group_final"] = [e[s]["episodes"].get(algo) for s in sorted(e)]
             out[algo][f"{name}ratio_to_group"] = mean_se([e[s]["ratio"].get(algo) for s in sorted(e)])
@@ -146,8 +153,10 @@ def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
 
     lines = [f"| {name}, seeds {seeds} | test success (%), warm-start -> end | test turns, end | "
              "sampled training success (%), first -> last 10 iterations | episodes to the group's final success: "
-             "validation (greedy); training (sampled, 5-iteration mean) | actor KL, last 10 | critic Q loss, last 10 |",
-             "|---|---|---:|---|---|---:|---:|"]
+             "validation (greedy); training (sampled, 5-iteration mean) | actor KL, last 10 | critic Q loss, last 10 | "
+             "critic V vs Monte-Carlo return: MSE / return variance, last 10 | critic advantage vs observed: "
+             "correlation, last 10 |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|"]
     for algo, s in summary.items():
         reach = {k: ", ".join("never" if n is None else str(n) for n in s[f"{k}episodes_to_group_final"])
                  for k in ("", "train_")}
@@ -156,7 +165,10 @@ def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
                      f"{fmt_mean_se(*s['train_success']['first10'])} -> {fmt_mean_se(*s['train_success']['last10'])} | "
                      f"{reach['']}; {reach['train_']} (of {s['episodes_played']}) | "
                      f"{fmt_mean_se(*s['kl_last10'], pct=False, digits=3)} | "
-                     f"{fmt_mean_se(*s['q1_loss_last10'], pct=False, digits=2)} |")
+                     f"{fmt_mean_se(*s['q1_loss_last10'], pct=False, digits=2)} | "
+                     f"{fmt_mean_se(*s['v_return_mse_last10'], pct=False, digits=2)} / "
+                     f"{fmt_mean_se(*s['return_var_last10'], pct=False, digits=2)} | "
+                     f"{fmt_mean_se(*s['agreement_last10'], pct=False, digits=2)} |")
     return lines
 
 

@@ -362,6 +362,7 @@ class GuidedAgent:
             adv, out = self.critic.advantage(state.critic.params, b.state, b.state_mask, b.action, b.action_mask,
                                              backbone)
             v = b.valid
+            metrics.update({f"{name}/{k}": x for k, x in critic_diagnostics(out, b.ret, v, c.group_size).items()})
             if c.advantage == "return":  # the observed return, with the critic's V(s) as its baseline
                 adv = b.ret - jnp.minimum(out.v1, out.v2)
             elif c.advantage == "group":  # the observed return against the other plays of the same problem
@@ -481,6 +482,28 @@ class GuidedAgent:
         return state, history
 
 
+def weighted_corr(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
+    """Pearson's correlation of x and y over the rows weighted by w (0 where either is constant)."""
+    n = jnp.maximum(w.sum(), 1.0)
+    dx, dy = x - jnp.sum(x * w) / n, y - jnp.sum(y * w) / n
+    cov, vx, vy = (jnp.sum(a * b * w) / n for a, b in ((dx, dy), (dx, dx), (dy, dy)))
+    return jnp.where((vx > 0) & (vy > 0), cov / jnp.sqrt(jnp.maximum(vx * vy, 1e-30)), 0.0)
+
+
+def critic_diagnostics(out: Any, ret: jax.Array, valid: jax.Array, group_size: int) -> dict[str, jax.Array]:
+    """How well the critic knows this iteration's utterances, whichever advantage trains the actor:
+    `v_return_mse`, min(V1, V2)(s) against the observed return-to-go (Monte Carlo), beside
+    `return_var`, what predicting the mean return would score; `advantage_agreement`, the correlation
+    of the critic's advantage min(Q1, Q2) - min(V1, V2) with the observed one (the return-to-go against
+    its group's mean, or the batch's mean with groups of one)."""
+    n = jnp.maximum(valid.sum(), 1.0)
+    v = jnp.minimum(out.v1, out.v2)
+    baseline = group_mean(ret, valid, group_size) if group_size > 1 else jnp.sum(ret * valid) / n
+    return {"v_return_mse": jnp.sum((v - ret) ** 2 * valid) / n,
+            "return_var": jnp.sum((ret - jnp.sum(ret * valid) / n) ** 2 * valid) / n,
+            "advantage_agreement": weighted_corr(jnp.minimum(out.q1, out.q2) - v, ret - baseline, valid)}
+
+
 def group_mean(x: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
     """Each row's mean of `x` over the valid rows of its group (`group_size` adjacent rows)."""
     g, w = x.reshape(-1, group_size), valid.reshape(-1, group_size)
@@ -544,5 +567,5 @@ def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guida
 
 
 __all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "state_length",
-           "returns_to_go", "group_mean",
+           "returns_to_go", "group_mean", "critic_diagnostics", "weighted_corr",
            "build_critic_encoder"]

@@ -152,6 +152,10 @@ def test_actor_micro_batches_accumulate_the_whole_batch_gradient_in_less_memory(
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), g_whole, g_micro)
     assert float(loss_micro) == pytest.approx(float(loss_whole), rel=1e-5, abs=1e-6)  # a sum that nearly cancels
     for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
+        assert key in s_whole, key
+    inputs, metrics = whole._policy_inputs(state, bases, batches)
+    assert {"actor/v_return_mse", "actor/return_var", "actor/advantage_agreement"} <= set(metrics)
+    for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
         assert float(s_micro[key]) == pytest.approx(float(s_whole[key]), rel=1e-4, abs=1e-7), key
     # 4 micro-batches of 2 episodes: the compiled step keeps a quarter of the activations
     temp = [jax.jit(grads(a)[1]).lower(state, bases, batches).compile().memory_analysis().temp_size_in_bytes
@@ -190,6 +194,27 @@ def test_group_baseline_by_hand_and_grouped_episodes(tiny_agents):
     prompts = [e.problem.prompt for e in eps]
     assert len(eps) == 8 and prompts[:4] == [prompts[0]] * 4 and prompts[4:] == [prompts[4]] * 4
     assert eps[0] is not eps[1]  # each play is its own episode
+
+
+def test_critic_diagnostics_by_hand():
+    """The critic's V against Monte-Carlo returns, and its advantage's agreement with the observed one."""
+    from types import SimpleNamespace
+
+    from jaxrl_hier.llm_rl.guided import critic_diagnostics, weighted_corr
+
+    ret = jnp.array([-1.0, -3.0, 0.0, -2.0, 9.0, 4.0])  # the last pair is invalid: left out everywhere
+    valid = jnp.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    v = jnp.array([-1.0, -2.0, 0.0, -2.0, 0.0, 3.0])
+    q = jnp.array([-1.0, -3.0, 1.0, -2.0, 5.0, 0.0])  # advantage q - v: 0, -1, 1, 0
+    out = SimpleNamespace(v1=v, v2=v + 1.0, q1=q, q2=q + 2.0)  # min picks v and q
+    d = critic_diagnostics(out, ret, valid, group_size=2)
+    assert float(d["v_return_mse"]) == pytest.approx(1 / 4)  # one row off by 1
+    assert float(d["return_var"]) == pytest.approx(1.25)  # returns -1, -3, 0, -2 around -1.5
+    # observed: each return against its pair's mean (-2, -1): 1, -1, 1, -1; against the critic's 0, -1, 1, 0
+    assert float(d["advantage_agreement"]) == pytest.approx(float(np.corrcoef([1, -1, 1, -1], [0, -1, 1, 0])[0, 1]))
+    assert float(weighted_corr(jnp.arange(4.0), jnp.ones(4), jnp.ones(4))) == 0.0  # a constant: no correlation
+    assert float(weighted_corr(jnp.array([1.0, 2, 3, 99]), jnp.array([2.0, 4, 6, -5]), jnp.array([1.0, 1, 1, 0]))) == \
+        pytest.approx(1.0)  # the weight-0 row would break the line
 
 
 def write_config(tmp_path, **overrides):
