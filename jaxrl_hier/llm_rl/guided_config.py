@@ -187,9 +187,9 @@ class GuidedConfig:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a five-letter guess plus EOS; "
                               "raise it to 6.")
         if self.env == "twenty_questions":
-            from jaxrl_hier.tasks.text_games import ATTRIBUTES, OBJECTS
+            from jaxrl_hier.tasks.text_games import LONGEST_PHRASE
 
-            need = max(map(len, [*OBJECTS, *ATTRIBUTES])) + 1
+            need = LONGEST_PHRASE + 1
             if self.max_new_tokens < need:
                 raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold the longest object or attribute "
                                   f"plus EOS; raise it to {need}.")

@@ -311,6 +311,10 @@ class SecretGame:
         """What an evaluation of `split` plays, for the logs."""
         return f"{split} secrets"
 
+    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
+        """A guess the game can read (`_parse`: a number in range, a listed word, an object or attribute)."""
+        return self._parse(completion) is not None
+
     def speaker(self, turn: int) -> str:
         return ACTOR
 
@@ -444,10 +448,6 @@ class GuessNumberEnv(SecretGame):
         guess = self._parse(completion)
         return guess is not None and problem.meta["low"] <= guess <= problem.meta["high"]
 
-    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
-        """A number in 1..high."""
-        return self._parse(completion) is not None
-
 
 
 # ----------------------------------------------------------------------------- wordle
@@ -539,9 +539,6 @@ class WordleEnv(SecretGame):
         guess = self._parse(completion)
         return guess is not None and guess in self.consistent(problem.meta["guesses"], problem.meta["replies"])
 
-    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
-        return self._parse(completion) is not None
-
 
 _WORD_SET = frozenset(WORDS)
 
@@ -621,6 +618,7 @@ candle: hot white long
 bucket: water tool
 """.strip().splitlines())}
 ATTRIBUTES = tuple(sorted(set().union(*OBJECTS.values())))
+LONGEST_PHRASE = max(map(len, [*OBJECTS, *ATTRIBUTES]))  # characters of the longest object or attribute
 
 
 @dataclasses.dataclass(frozen=True)
@@ -658,8 +656,7 @@ class TwentyQuestionsEnv(SecretGame):
         return f"{split} secret objects (disjoint from the other splits')"
 
     def max_state_chars(self) -> int:
-        longest = max(map(len, [*OBJECTS, *ATTRIBUTES]))
-        return len(self.header()) + (self.max_turns - 1) * (longest + 1 + len("wrong") + 1)
+        return len(self.header()) + (self.max_turns - 1) * (LONGEST_PHRASE + 1 + len("wrong") + 1)
 
     def _parse(self, utterance: str) -> str | None:
         text = utterance.strip()
@@ -692,9 +689,6 @@ class TwentyQuestionsEnv(SecretGame):
             return said in self.consistent(guesses, problem.meta["replies"])
         return said is not None and said not in guesses
 
-    def sft_well_formed(self, problem: Problem, completion: str) -> bool:
-        return self._parse(completion) is not None
-
 
 def optimal_guess_turns(high: int) -> float:
     """Mean turns of bisection (guess the interval's midpoint, rounding down) over secrets 1..high."""
@@ -712,5 +706,5 @@ def optimal_guess_turns(high: int) -> float:
 
 
 __all__ = ["ACTOR", "GUIDANCE", "HINTS", "HINT_KINDS", "TwoTurnEnv", "TwoTurnEpisode", "GuessNumberEnv", "GuessEpisode",
-           "WORDS", "WordleEnv", "WordleEpisode", "wordle_feedback", "OBJECTS", "ATTRIBUTES", "TwentyQuestionsEnv", "GameEpisode", "SecretGame", "first_step", "rule_hint",
+           "WORDS", "WordleEnv", "WordleEpisode", "wordle_feedback", "OBJECTS", "ATTRIBUTES", "LONGEST_PHRASE", "TwentyQuestionsEnv", "GameEpisode", "SecretGame", "first_step", "rule_hint",
            "optimal_guess_turns"]

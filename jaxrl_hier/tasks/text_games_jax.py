@@ -198,10 +198,13 @@ def _first_observation(game: Any, tokenizer: Any, bos: int | None) -> np.ndarray
     return np.asarray(([bos] if bos is not None else []) + list(header), np.int32)
 
 
-def _reply_lines(game: Any, tokenizer: Any, turns: Sequence[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """[R, A] left-padded ids (and mask) of the state line each (utterance, reply) adds, A the longest."""
+def _reply_lines(game: Any, tokenizer: Any, turns: Sequence[tuple[str, str]], width: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """[R, A] left-padded ids (and mask) of the state line each (utterance, reply) adds; A is `width`, or
+    the longest line's length."""
     texts = [game.render([u], [r])[len(game.header()):] for u, r in turns]
-    width = max(len(r) for r in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    if width is None:
+        width = max(len(r) for r in tokenizer(texts, add_special_tokens=False)["input_ids"])
     return _encode(tokenizer, texts, width)
 
 
@@ -301,8 +304,7 @@ class WordleJax(JaxGame):
         if chars is None:
             return None
         letter_of, ids = chars
-        width = 2 * game.word_length + 2
-        bad_line, bad_mask = _encode(tokenizer, [game.render(["?"], ["bad"])[len(game.header()):]], width)
+        bad_line, bad_mask = _reply_lines(game, tokenizer, [("?", "bad")], width=2 * game.word_length + 2)
         return cls(game, _first_observation(game, tokenizer, bos), letter_of, phrase_codes(WORDS),
                    np.asarray([ids[ch] for ch in string.ascii_lowercase], np.int32),
                    np.asarray([ids["g"], ids["y"], ids["."]], np.int32), ids[" "], ids["\n"], bad_line[0],

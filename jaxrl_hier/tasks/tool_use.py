@@ -24,11 +24,11 @@ from typing import Any, Sequence
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, extract_answer
 from jaxrl_hier.tasks.base import Problem, check_split_args, distinct_problems, split_rng
-from jaxrl_hier.tasks.safe_eval import try_eval
+from jaxrl_hier.tasks.safe_eval import MAX_ABS, try_eval
 from jaxrl_hier.tasks.text_games import ACTOR
 
 CALL = "calc "
-RESULT_CHARS = 17  # the longest value safe_eval returns ("-" and 16 digits), or "error"
+RESULT_CHARS = max(len(str(-MAX_ABS)), len("error"))  # the longest text the calculator appends
 
 
 @dataclasses.dataclass
@@ -71,7 +71,7 @@ class CalculatorEnv:
 
     task: Any
     max_calls: int = 2
-    call_chars: int = 16        # the longest call an utterance can hold (max_new_tokens - 1)
+    call_chars: int = 16        # the longest expression a call can hold (max_new_tokens - 1 - len(CALL))
     direct_fraction: float = 0.5
     name: str = "calculator"
 
