@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         if error := seed_sweep_error(config, args.seeds):
             print(f"error: {error}", file=sys.stderr)
             return 2
-        if read_yaml(config).get("env") not in ("guess_number", "wordle", "twenty_questions"):
-            print(f"error: {config} is not a multi-turn game config (env: guess_number, wordle or twenty_questions)",
+        if read_yaml(config).get("env") not in ("guess_number", "wordle", "twenty_questions", "maze"):
+            print(f"error: {config} is not a multi-turn game config (env: guess_number, wordle, twenty_questions or maze)",
                   file=sys.stderr)
             return 2
     if "group" not in args.algorithms:

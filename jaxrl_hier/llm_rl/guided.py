@@ -538,7 +538,7 @@ def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> 
 def make_env(config: GuidedConfig) -> Any:
     """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
     from jaxrl_hier.tasks import task_from_config
-    from jaxrl_hier.tasks.text_games import GuessNumberEnv, TwentyQuestionsEnv, TwoTurnEnv, WordleEnv
+    from jaxrl_hier.tasks.text_games import GuessNumberEnv, MazeEnv, TwentyQuestionsEnv, TwoTurnEnv, WordleEnv
 
     if config.env == "guess_number":
         return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
@@ -546,6 +546,8 @@ def make_env(config: GuidedConfig) -> Any:
         return WordleEnv(max_turns=config.game_max_turns)
     if config.env == "twenty_questions":
         return TwentyQuestionsEnv(max_turns=config.game_max_turns)
+    if config.env == "maze":
+        return MazeEnv(max_turns=config.game_max_turns)
     if config.env == "calculator":
         from jaxrl_hier.tasks.tool_use import CALL, CalculatorEnv
 

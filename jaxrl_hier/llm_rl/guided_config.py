@@ -20,8 +20,9 @@ class GuidedConfig:
     # ---- environment: "two_turn" (answer, hint, answer on a task), "guess_number" (higher/lower game) or
     # "wordle" (five-letter words with letter feedback; game_max_turns guesses) or "twenty_questions" (find an
     # object of a closed set by asking its attributes, answered from a table; game_max_turns turns) or
-    # "calculator" (the task's problems with a calculator tool: `calc <expr>` calls, then the answer line)
-    env: Literal["two_turn", "guess_number", "wordle", "twenty_questions", "calculator"] = "two_turn"
+    # "calculator" (the task's problems with a calculator tool: `calc <expr>` calls, then the answer line) or
+    # "maze" (walk to a goal cell of a maze seen from inside, one move n/e/s/w a turn; game_max_turns turns)
+    env: Literal["two_turn", "guess_number", "wordle", "twenty_questions", "calculator", "maze"] = "two_turn"
     task: str = "arithmetic"
     task_operators: str = "+-"
     task_digits: int = 1
@@ -177,7 +178,8 @@ class GuidedConfig:
                               f"(episodes_per_iteration x {turns} turns = {self.episodes_per_iteration * turns}); "
                               "raise it.")
         if self.turn_loop == "compiled" and self.on_task:
-            raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle, twenty_questions); "
+            raise ConfigError("turn_loop: compiled needs an env with a JAX form (guess_number, wordle, twenty_questions, "
+                              "maze); "
                               f"env: {self.env} replies from host Python: use turn_loop: auto or host.")
         if not 0.0 <= self.tool_direct_fraction <= 1.0:
             raise ConfigError(f"tool_direct_fraction must be in [0, 1], got {self.tool_direct_fraction}.")
@@ -193,6 +195,8 @@ class GuidedConfig:
             if self.max_new_tokens < need:
                 raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold the longest object or attribute "
                                   f"plus EOS; raise it to {need}.")
+        if self.env == "maze" and self.max_new_tokens < 2:
+            raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a move (n, e, s or w) plus EOS; raise it to 2.")
         if self.env == "guess_number" and self.max_new_tokens < len(str(self.game_high)) + 1:
             raise ConfigError(f"max_new_tokens={self.max_new_tokens} cannot hold a guess up to {self.game_high} plus "
                               f"EOS; raise it to {len(str(self.game_high)) + 1}.")

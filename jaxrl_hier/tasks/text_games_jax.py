@@ -30,6 +30,8 @@ host environment's state text (`observation(ep)`), which a test checks turn by t
 - `TwentyQuestionsJax`: `text_games.TwentyQuestionsEnv` in JAX, for the same tokenizers; an utterance
   is read as an object or an attribute (`parse_phrase`, Wordle's parser too) and answered from the
   attribute table.
+- `MazeJax`: `text_games.MazeEnv` in JAX, for the same tokenizers; the state carries each episode's
+  current cell, and each episode's first observation is its own opening line.
 """
 
 from __future__ import annotations
@@ -44,14 +46,16 @@ import numpy as np
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
-from jaxrl_hier.tasks.text_games import ATTRIBUTES, OBJECTS, WORDS, GuessNumberEnv, TwentyQuestionsEnv, WordleEnv
+from jaxrl_hier.tasks.text_games import (ATTRIBUTES, MOVES, OBJECTS, WORDS, GuessNumberEnv, MazeEnv, TwentyQuestionsEnv,
+                                         WordleEnv)
 
 OTHER, SPACE, DIGITS = 0, 1, 2  # a vocabulary entry's class for the guess parser
 SPACE_CODE = -2  # Wordle's parser: a whitespace token
 
 
 class GameState(struct.PyTreeNode):
-    secret: jax.Array   # [B] int32 (guess-the-number) or [B, L] letter codes (Wordle)
+    secret: jax.Array   # [B] int32 (the number; Twenty Questions' object), [B, L] letter codes (Wordle) or
+                        # [B, 3] maze, goal and current cell (the maze: each move updates the cell)
     turn: jax.Array     # [B] int32: turns played
     done: jax.Array     # [B] bool
     success: jax.Array  # [B] bool
@@ -83,8 +87,13 @@ class JaxGame:
         if not b:
             raise ConfigError(f"{type(self).__name__}.initial: no episodes.")
         state = GameState(self.secret_ids(episodes), jnp.zeros(b, jnp.int32), jnp.zeros(b, bool), jnp.zeros(b, bool))
-        ids = jnp.broadcast_to(jnp.asarray(self.obs), (b, self.obs_len))
-        return state, ids, jnp.ones_like(ids)
+        ids, mask = self.first_observations(episodes)
+        return state, ids, mask
+
+    def first_observations(self, episodes: Sequence[Any]) -> tuple[jax.Array, jax.Array]:
+        """[B, O] each episode's first observation (left-padded) and its mask: here the one header."""
+        ids = jnp.broadcast_to(jnp.asarray(self.obs), (len(episodes), self.obs_len))
+        return ids, jnp.ones_like(ids)
 
     def end_turn(self, state: GameState, hit: jax.Array, line: jax.Array, line_mask: jax.Array
                  ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -393,6 +402,82 @@ class TwentyQuestionsJax(JaxGame):
                              jnp.asarray(self.line_mask)[line])
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MazeJax(JaxGame):
+    """`text_games.MazeEnv` in JAX, for tokenizers that write letters, digits and spaces one per token (as
+    `WordleJax`; `build` returns None for others). The state's `secret` is [B, 3]: maze, goal and the
+    current cell, which each turn's move updates. A move is parsed as a one-letter phrase (`parse_phrase`);
+    the reply line ("e 01 sw\n", "e wall\n", "? bad\n") is picked from a table of every (move, cell, open
+    directions), and each episode's opening line ("goal 34 at 00 es\n") is composed on the host."""
+
+    game: MazeEnv
+    obs_width: int          # O: BOS + the longest opening line
+    char_ids: dict          # each character's token id (char_vocabulary)
+    bos: int | None
+    letter_of: np.ndarray   # [V] (char_vocabulary)
+    open_bits: np.ndarray   # [mazes, cells] int32: bit k set where MOVES[k] is open
+    lines: np.ndarray       # [4 cells 16 + 5, A]: "m cc open\n" at (move cells + cell) 16 + open bits, then
+    line_mask: np.ndarray   # "m wall\n" for each move, then "? bad\n"
+    eos: int
+    pad: int
+
+    @classmethod
+    def build(cls, game: MazeEnv, tokenizer: Any, vocab_size: int) -> "MazeJax | None":
+        from jaxrl_hier.llm_rl.data import special_ids
+
+        pad, bos, eos = special_ids(tokenizer)
+        chars = char_vocabulary(tokenizer, vocab_size, " \n?" + string.digits)
+        if chars is None:
+            return None
+        cells = game.size * game.size
+        letters = lambda bits: "".join(m for k, m in enumerate(MOVES) if bits >> k & 1)  # noqa: E731
+        turns = [(m, f"{game.cell(c)} {letters(bits)}") for m in MOVES for c in range(cells) for bits in range(16)]
+        turns += [(m, "wall") for m in MOVES] + [("?", "bad")]
+        lines, line_mask = _reply_lines(game, tokenizer, turns)
+        open_bits = np.asarray([[sum(1 << k for k, m in enumerate(MOVES) if m in cell) for cell in game.maze(i)]
+                                for i in range(game.mazes)], np.int32)
+        return cls(game, int(bos is not None) + game.max_opening_chars(), chars[1], bos, chars[0], open_bits,
+                   lines, line_mask, eos, pad)
+
+    @property
+    def obs_len(self) -> int:
+        return self.obs_width
+
+    @property
+    def append_len(self) -> int:
+        return self.lines.shape[1]
+
+    def secret_ids(self, episodes: Sequence[Any]) -> jax.Array:
+        return jnp.asarray([[m, goal, start] for m, start, goal in (ep.secret for ep in episodes)], jnp.int32)
+
+    def first_observations(self, episodes: Sequence[Any]) -> tuple[jax.Array, jax.Array]:
+        ids = np.full((len(episodes), self.obs_len), self.pad, np.int32)
+        mask = np.zeros_like(ids)
+        for i, ep in enumerate(episodes):
+            row = ([self.bos] if self.bos is not None else []) + [self.char_ids[ch] for ch in self.game.opening(ep.secret)]
+            ids[i, self.obs_len - len(row):], mask[i, self.obs_len - len(row):] = row, 1
+        return jnp.asarray(ids), jnp.asarray(mask)
+
+    def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
+        """[B] each utterance's move, its index in MOVES, -1 where it is none."""
+        return parse_phrase(utterance, mask, self.letter_of, phrase_codes(list(MOVES)), self.eos)
+
+    def step(self, state: GameState, utterance: jax.Array, mask: jax.Array
+             ) -> tuple[GameState, jax.Array, jax.Array, jax.Array, jax.Array]:
+        cells, size = self.open_bits.shape[1], self.game.size
+        move = self.parse(utterance, mask)
+        maze, goal, here = state.secret[:, 0], state.secret[:, 1], state.secret[:, 2]
+        open_bits = jnp.asarray(self.open_bits)
+        d = jnp.maximum(move, 0)
+        can = (move >= 0) & ~state.done & ((open_bits[maze, here] >> d) & 1 == 1)
+        to = jnp.where(can, here + jnp.asarray([-size, 1, size, -1])[d], here)
+        walls = 4 * cells * 16
+        line = jnp.where(move < 0, walls + 4, jnp.where(can, (d * cells + to) * 16 + open_bits[maze, to], walls + d))
+        state = state.replace(secret=state.secret.at[:, 2].set(to))
+        return self.end_turn(state, can & (to == goal), jnp.asarray(self.lines)[line],
+                             jnp.asarray(self.line_mask)[line])
+
+
 def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
     """The JAX form of a host environment (`text_games`), or None where its replies need host Python
     (the two-turn env's answer checker; Wordle with a tokenizer that merges letters)."""
@@ -402,8 +487,10 @@ def jax_form(env: Any, tokenizer: Any, vocab_size: int) -> Any | None:
         return WordleJax.build(env, tokenizer, vocab_size)
     if isinstance(env, TwentyQuestionsEnv):
         return TwentyQuestionsJax.build(env, tokenizer, vocab_size)
+    if isinstance(env, MazeEnv):
+        return MazeJax.build(env, tokenizer, vocab_size)
     return None
 
 
-__all__ = ["GameState", "GuessNumberJax", "JaxGame", "TwentyQuestionsJax", "WordleJax", "char_vocabulary", "jax_form",
+__all__ = ["GameState", "GuessNumberJax", "JaxGame", "MazeJax", "TwentyQuestionsJax", "WordleJax", "char_vocabulary", "jax_form",
            "parse_phrase", "phrase_codes", "token_classes"]

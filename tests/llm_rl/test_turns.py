@@ -15,9 +15,11 @@ from jaxrl_hier.llm_rl.data import encode_completions, special_ids
 from jaxrl_hier.llm_rl.turns import compiled_rollout
 from jaxrl_hier.tasks import build_char_tokenizer
 from jaxrl_hier.tasks.jax_rewards import decode_completions
-from jaxrl_hier.tasks.text_games import (ATTRIBUTES, OBJECTS, WORDS, GameEpisode, GuessEpisode, GuessNumberEnv,
-                                         TwentyQuestionsEnv, WordleEnv, WordleEpisode, wordle_feedback)
-from jaxrl_hier.tasks.text_games_jax import GuessNumberJax, TwentyQuestionsJax, WordleJax, jax_form, token_classes
+from jaxrl_hier.tasks.text_games import (ATTRIBUTES, OBJECTS, WORDS, GameEpisode, GuessEpisode, GuessNumberEnv, MazeEnv,
+                                         TwentyQuestionsEnv, WordleEnv, WordleEpisode, make_mazes, maze_distances,
+                                         wordle_feedback)
+from jaxrl_hier.tasks.text_games_jax import (GuessNumberJax, MazeJax, TwentyQuestionsJax, WordleJax, jax_form,
+                                             token_classes)
 
 TOK = build_char_tokenizer()
 N = 5  # utterance tokens
@@ -286,6 +288,86 @@ def test_twenty_questions_in_jax_matches_the_host_game():
     assert eps[1].replies == ["yes", "no", "wrong", "bad"] and eps[2].replies[:3] == ["yes", "yes", "no"]
 
 
+def test_maze_mazes_splits_and_warm_start():
+    game = MazeEnv()
+    mazes = make_mazes(game.mazes, game.size)
+    assert len(set(mazes)) == game.mazes
+    for maze in mazes:  # perfect mazes: every cell reachable, one path (cells - 1 passages), walls agree both ways
+        assert min(maze_distances(maze, game.size, 0)) == 0 and -1 not in maze_distances(maze, game.size, 0)
+        assert sum(map(len, maze)) == 2 * (len(maze) - 1)
+        for cell, open_ in enumerate(maze):
+            for d in open_:
+                assert {"n": "s", "e": "w", "s": "n", "w": "e"}[d] in maze[game.move(mazes.index(maze), cell, d)]
+    splits = {s: set(game.maze_indices(s)) for s in ("train", "validation", "test")}
+    assert set().union(*splits.values()) == set(range(game.mazes)) and sum(map(len, splits.values())) == game.mazes
+    assert min(map(len, splits.values())) >= 5
+    assert all(ep.secret[0] in splits["test"] for ep in game.reset("test", 40, 0))
+    for m, start, goal in game.secrets("validation")[:50]:
+        assert m in splits["validation"] and 4 <= maze_distances(mazes[m], game.size, start)[goal] <= 6
+    # a scripted game: "goal 11 at 00 e", then east twice, a wall, a bad move, and on to the goal
+    secret = next(s for s in game.secrets("train") + game.secrets("test") + game.secrets("validation")
+                  if mazes[s[0]][s[1]] == "e" and s[1] == 0)
+    ep = GameEpisode(secret)
+    assert game.observation(ep).startswith(f"goal {game.cell(secret[2])} at 00 e\n")
+    ep, reward, done = game.step(ep, "n")
+    assert (ep.replies[-1], reward, done) == ("wall", -1.0, False)
+    ep, reward, done = game.step(ep, " e\n")
+    assert ep.replies[-1] == f"01 {mazes[secret[0]][1]}" and game.position(secret, ep.guesses) == 1
+    ep, _, _ = game.step(ep, "east")
+    assert ep.replies[-1] == "bad" and ep.guesses[-1] == "?"
+    rng = random.Random(0)
+    won = game.play(secret, game.explorer_move, rng)
+    assert won.success and won.replies[-1] == "goal" and won.ret == 1 - won.turn
+    problems = game.sft_problems("train", 300, 0)
+    for p in problems:
+        assert game.sft_correct(p, p.target) and p.meta["game"][0] in splits["train"]
+        assert p.prompt == game.observation(GameEpisode(tuple(p.meta["game"]), p.meta["moves"], p.meta["replies"]))
+    walled = next(p for p in problems if len(game.open_here(tuple(p.meta["game"]), p.meta["moves"], p.meta["replies"])) < 4)
+    blocked = next(m for m in "nesw" if m not in game.open_here(tuple(walled.meta["game"]), walled.meta["moves"],
+                                                                walled.meta["replies"]))
+    assert not game.sft_correct(walled, blocked) and not game.sft_correct(walled, "x")
+    # the explorer beats the warm-start's walk on test games: room to learn
+    test = game.secrets("test")[::20]
+    rule = game.summarize([game.play(s, game.rule_move, random.Random(1)) for s in test])["success"]
+    explorer = game.summarize([game.play(s, game.explorer_move, random.Random(1)) for s in test])["success"]
+    assert 0.3 < rule < explorer - 0.15
+
+
+def test_maze_in_jax_matches_the_host_game():
+    game = MazeEnv(max_turns=6)
+    env = jax_form(game, TOK, len(TOK))
+    assert isinstance(env, MazeJax)
+    texts = ["n", " e", "s\n", "w ", "nn", "x", "", "N", "e s"]
+    ids, mask = utterance_ids(texts, n=4)
+    assert np.asarray(env.parse(ids, mask)).tolist() == [0, 1, 2, 3, -1, -1, -1, -1, -1]
+    rng = random.Random(3)
+    secrets = rng.sample(game.secrets("test"), 6)
+    # per game: the explorer's moves with a wall and a bad move mixed in, so every kind of reply appears
+    plays = []
+    for s in secrets:
+        moves = game.play(s, game.explorer_move, random.Random(0)).guesses
+        walls = [d for d in "nesw" if d not in game.maze(s[0])[s[1]]]
+        plays.append(([walls[0]] + ["?"] + moves + ["n"] * 6)[:6])
+    tokens = jnp.stack([utterance_ids([p[t] for p in plays], n=3)[0] for t in range(6)])
+    masks = jnp.stack([utterance_ids([p[t] for p in plays], n=3)[1] for t in range(6)])
+
+    def sample(t, policy, ids, mask, rng, greedy):
+        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
+
+    S = env.obs_len + (game.max_turns - 1) * env.append_len
+    state, ids0, mask0 = env.initial([GameEpisode(s) for s in secrets])
+    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
+    want, eps = host_replay(game, secrets, [[p[t] for p in plays] for t in range(6)], GameEpisode)
+    for t, row in enumerate(want):
+        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
+        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
+        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
+    assert np.asarray(state.success).tolist() == [e.success for e in eps]
+    assert np.asarray(state.turn).tolist() == [e.turn for e in eps]
+    assert any(e.success for e in eps) and not all(e.success for e in eps)
+    assert all(e.replies[:2] == ["wall", "bad"] for e in eps)
+
+
 def test_the_shipped_game_configs_play_the_compiled_loop():
     from pathlib import Path
 
@@ -294,7 +376,8 @@ def test_the_shipped_game_configs_play_the_compiled_loop():
     from jaxrl_hier.llm_rl.guided_config import GuidedConfig
     from jaxrl_hier.llm_rl.turns import check_state_len
 
-    for name in ("guided_game.yaml", "guided_guess64.yaml", "guided_wordle.yaml", "guided_twenty_questions.yaml"):
+    for name in ("guided_game.yaml", "guided_guess64.yaml", "guided_wordle.yaml", "guided_twenty_questions.yaml",
+                 "guided_maze.yaml"):
         raw = read_yaml(Path(__file__).resolve().parents[2] / "configs" / name)
         cfg = build_dataclass(GuidedConfig, {k: v for k, v in raw.items() if k != "algorithm"})
         cfg.validate()
