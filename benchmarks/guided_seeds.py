@@ -26,19 +26,25 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# per environment, the evaluation metrics reported (the first is the plot's); SHARES are shown in %
-METRICS = {"two_turn": ("turn2_accuracy", "turn1_accuracy", "accuracy_gain"), "game": ("turns", "success"),
-           "calculator": ("accuracy", "call_rate")}
-SHARES = {"turn2_accuracy", "turn1_accuracy", "accuracy_gain", "success", "accuracy", "call_rate"}
+SHARES = {"turn2_accuracy", "turn1_accuracy", "accuracy_gain", "success", "accuracy", "call_rate"}  # shown in %
+
+
+def metrics(env: str) -> tuple[str, ...]:
+    """The evaluation metrics reported for an env (the first is the plot's): its class's METRICS."""
+    from jaxrl_hier.llm_rl.guided import env_class
+
+    return tuple(key for key, _ in env_class(env).METRICS)
 
 
 def evaluations(out: Path) -> dict:
     """The run's env, its greedy test evaluations (iteration 0: the warm-start; the last) and their episode
     count, and its validation curve of the env's headline metric."""
+    from jaxrl_hier.config import read_yaml
+
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    env = "two_turn" if "test/turn2_accuracy" in rows[0] else "calculator" if "test/call_rate" in rows[0] else "game"
-    head = METRICS[env][0]
-    evals = {r["step"]: {k: r[f"test/{k}"] for k in METRICS[env]} for r in rows if r.get(f"test/{head}") is not None}
+    env = read_yaml(out / "config.yaml").get("env", "two_turn")
+    head = metrics(env)[0]
+    evals = {r["step"]: {k: r[f"test/{k}"] for k in metrics(env)} for r in rows if r.get(f"test/{head}") is not None}
     curve = {r["step"]: r[f"eval/{head}"] for r in rows if r.get(f"eval/{head}") is not None}
     return {"env": env, "episodes": rows[0]["test/episodes"], "evals": evals, "validation": curve,
             "time_s": rows[-1].get("time_s")}
@@ -50,7 +56,7 @@ def summarize(per_seed: dict) -> dict:
 
     env = next(iter(per_seed.values()))["env"]
     out = {}
-    for metric in METRICS[env]:
+    for metric in metrics(env):
         first = [r["evals"][min(r["evals"])][metric] for r in per_seed.values()]
         last = [r["evals"][max(r["evals"])][metric] for r in per_seed.values()]
         out[metric] = {"sft": mean_se(first), "rl": mean_se(last),
@@ -116,7 +122,7 @@ def plot(runs: dict, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(runs), figsize=(6 * len(runs), 4.5), squeeze=False)
     for ax, (name, per_seed) in zip(axes[0], runs.items()):
-        metric = METRICS[next(iter(per_seed.values()))["env"]][0]
+        metric = metrics(next(iter(per_seed.values()))["env"])[0]
         scale = 100 if metric in SHARES else 1
         steps = sorted(set.intersection(*(set(r["validation"]) for r in per_seed.values())))
         stats = [mean_se([r["validation"][s] for r in per_seed.values()]) for s in steps]

@@ -29,8 +29,9 @@ What is compared, and on which split:
   warm-start and the end), and the sampled training success over the first and the last 10
   iterations, mean and standard error over seeds;
 - diagnostics over the last 10 iterations: the actor's KL to the reference; the critic's Q regression
-  loss; its V against the Monte-Carlo return-to-go of the iteration's utterances (mean squared error,
-  beside the returns' variance: what predicting their mean scores); and the correlation of its
+  loss; its V(s) and its Q(s, a) against the Monte-Carlo return-to-go of the iteration's utterances (mean
+  squared errors, beside the returns' variance: what predicting their mean scores; a Q that knows what an
+  utterance changes fits them better than V); and the correlation of its
   advantage with the observed one (`guided.critic_diagnostics`). The critic trains in group runs too,
   so these compare like with like.
 
@@ -74,6 +75,7 @@ def read_run(out: Path) -> dict:
             for r in rows if r.get("test/success") is not None}
     return {"validation": curve("eval/success"), "train": curve("train/success"), "kl": curve("actor/kl"),
             "q1_loss": curve("critic/q1_loss"), "v_return_mse": curve("actor/v_return_mse"),
+            "q_return_mse": curve("actor/q_return_mse"),
             "return_var": curve("actor/return_var"), "agreement": curve("actor/advantage_agreement"),
             "test": test, "episodes_per_iteration": per_iter,
             "time_s": rows[-1].get("time_s")}
@@ -139,7 +141,7 @@ def summarize(runs: dict, eff: dict, eff_train: dict) -> dict:
         train = [ends(r["train"], 10) for r in per_seed.values()]
         out[algo]["train_success"] = {"first10": mean_se([a for a, _ in train]), "last10": mean_se([b for _, b in train]),
                                       "per_seed_last10": [b for _, b in train]}
-        for key in ("kl", "q1_loss", "v_return_mse", "return_var", "agreement"):  # runs before a metric: n/a
+        for key in ("kl", "q1_loss", "v_return_mse", "q_return_mse", "return_var", "agreement"):  # before a metric: n/a
             out[algo][f"{key}_last10"] = mean_se([ends(r[key], 10)[1] for r in per_seed.values() if r.get(key)])
         for name, e in (("", eff), ("train_", eff_train)):
             out[algo][f"{name}episodes_to_group_final"] = [e[s]["episodes"].get(algo) for s in sorted(e)]
@@ -154,7 +156,7 @@ def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
     lines = [f"| {name}, seeds {seeds} | test success (%), warm-start -> end | test turns, end | "
              "sampled training success (%), first -> last 10 iterations | episodes to the group's final success: "
              "validation (greedy); training (sampled, 5-iteration mean) | actor KL, last 10 | critic Q loss, last 10 | "
-             "critic V vs Monte-Carlo return: MSE / return variance, last 10 | critic advantage vs observed: "
+             "critic V / Q vs Monte-Carlo return: MSE, and the return variance, last 10 | critic advantage vs observed: "
              "correlation, last 10 |",
              "|---|---|---:|---|---|---:|---:|---:|---:|"]
     for algo, s in summary.items():
@@ -167,6 +169,7 @@ def table(name: str, summary: dict, seeds: list[int]) -> list[str]:
                      f"{fmt_mean_se(*s['kl_last10'], pct=False, digits=3)} | "
                      f"{fmt_mean_se(*s['q1_loss_last10'], pct=False, digits=2)} | "
                      f"{fmt_mean_se(*s['v_return_mse_last10'], pct=False, digits=2)} / "
+                     f"{fmt_mean_se(*s['q_return_mse_last10'], pct=False, digits=2)}; "
                      f"{fmt_mean_se(*s['return_var_last10'], pct=False, digits=2)} | "
                      f"{fmt_mean_se(*s['agreement_last10'], pct=False, digits=2)} |")
     return lines

@@ -492,16 +492,17 @@ def weighted_corr(x: jax.Array, y: jax.Array, w: jax.Array) -> jax.Array:
 
 def critic_diagnostics(out: Any, ret: jax.Array, valid: jax.Array, group_size: int) -> dict[str, jax.Array]:
     """How well the critic knows this iteration's utterances, whichever advantage trains the actor:
-    `v_return_mse`, min(V1, V2)(s) against the observed return-to-go (Monte Carlo), beside
-    `return_var`, what predicting the mean return would score; `advantage_agreement`, the correlation
-    of the critic's advantage min(Q1, Q2) - min(V1, V2) with the observed one (the return-to-go against
-    its group's mean, or the batch's mean with groups of one)."""
+    `v_return_mse`, min(V1, V2)(s) against the observed return-to-go (Monte Carlo), and `q_return_mse`,
+    min(Q1, Q2)(s, a) against the same returns, beside `return_var`, what predicting the mean return would
+    score (a Q that knows what an utterance changes fits the returns better than V, which sees only the
+    state); `advantage_agreement`, the correlation of the critic's advantage min(Q1, Q2) - min(V1, V2)
+    with the observed one (the return-to-go against its group's mean, or the batch's mean with groups of one)."""
     n = jnp.maximum(valid.sum(), 1.0)
-    v = jnp.minimum(out.v1, out.v2)
+    v, q = jnp.minimum(out.v1, out.v2), jnp.minimum(out.q1, out.q2)
     baseline = group_mean(ret, valid, group_size) if group_size > 1 else jnp.sum(ret * valid) / n
-    return {"v_return_mse": jnp.sum((v - ret) ** 2 * valid) / n,
+    return {"v_return_mse": jnp.sum((v - ret) ** 2 * valid) / n, "q_return_mse": jnp.sum((q - ret) ** 2 * valid) / n,
             "return_var": jnp.sum((ret - jnp.sum(ret * valid) / n) ** 2 * valid) / n,
-            "advantage_agreement": weighted_corr(jnp.minimum(out.q1, out.q2) - v, ret - baseline, valid)}
+            "advantage_agreement": weighted_corr(q - v, ret - baseline, valid)}
 
 
 def group_mean(x: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
@@ -535,27 +536,31 @@ def build_critic_encoder(config: GuidedConfig, tokenizer: Any, max_len: int) -> 
     return EncoderModel.random(hf, jax.random.key(config.seed + 11))
 
 
+def env_class(name: str) -> type:
+    """The environment class of a config's `env` (its METRICS say what reports show)."""
+    from jaxrl_hier.tasks.text_games import GuessNumberEnv, MazeEnv, TwentyQuestionsEnv, TwoTurnEnv, WordleEnv
+    from jaxrl_hier.tasks.tool_use import CalculatorEnv
+
+    return {"two_turn": TwoTurnEnv, "guess_number": GuessNumberEnv, "wordle": WordleEnv,
+            "twenty_questions": TwentyQuestionsEnv, "maze": MazeEnv, "calculator": CalculatorEnv}[name]
+
+
 def make_env(config: GuidedConfig) -> Any:
     """The environment a config names (task options checked by `jaxrl_hier.tasks.make_task`)."""
     from jaxrl_hier.tasks import task_from_config
-    from jaxrl_hier.tasks.text_games import GuessNumberEnv, MazeEnv, TwentyQuestionsEnv, TwoTurnEnv, WordleEnv
 
-    if config.env == "guess_number":
-        return GuessNumberEnv(high=config.game_high, max_turns=config.game_max_turns)
-    if config.env == "wordle":
-        return WordleEnv(max_turns=config.game_max_turns)
-    if config.env == "twenty_questions":
-        return TwentyQuestionsEnv(max_turns=config.game_max_turns)
-    if config.env == "maze":
-        return MazeEnv(max_turns=config.game_max_turns)
+    cls = env_class(config.env)
+    if config.env in ("guess_number",):
+        return cls(high=config.game_high, max_turns=config.game_max_turns)
+    if config.env in ("wordle", "twenty_questions", "maze"):
+        return cls(max_turns=config.game_max_turns)
     if config.env == "calculator":
-        from jaxrl_hier.tasks.tool_use import CALL, CalculatorEnv
+        from jaxrl_hier.tasks.tool_use import CALL
 
-        return CalculatorEnv(task_from_config(config), max_calls=config.tool_max_calls,
-                             call_chars=max(config.max_new_tokens - 1 - len(CALL), 1),
-                             direct_fraction=config.tool_direct_fraction)
-    return TwoTurnEnv(task_from_config(config), wrong_fraction=config.hint_wrong_fraction,
-                      max_offset=config.hint_max_offset, hint_kind=config.hint_kind, shaped=config.reward_shaping)
+        return cls(task_from_config(config), max_calls=config.tool_max_calls,
+                   call_chars=max(config.max_new_tokens - 1 - len(CALL), 1), direct_fraction=config.tool_direct_fraction)
+    return cls(task_from_config(config), wrong_fraction=config.hint_wrong_fraction, max_offset=config.hint_max_offset,
+               hint_kind=config.hint_kind, shaped=config.reward_shaping)
 
 
 def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guidance_lm: Any = None,
@@ -568,6 +573,6 @@ def make_train(config: GuidedConfig, env: Any, lm: Any, tokenizer: Any, *, guida
     return GuidedAgent(config, env, lm, tokenizer, guidance_lm=guidance_lm, critic_encoder=critic_encoder)
 
 
-__all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "state_length",
+__all__ = ["GuidedAgent", "GuidedState", "RoleBatch", "WarmStartTask", "make_train", "make_env", "env_class", "state_length",
            "returns_to_go", "group_mean", "critic_diagnostics", "weighted_corr",
            "build_critic_encoder"]

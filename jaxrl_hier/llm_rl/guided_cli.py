@@ -82,11 +82,10 @@ def plot_guided_curve(records: list[dict], path: Path, title: str, env: str) -> 
     """two_turn: turn-1 and turn-2 accuracy (sampled train; greedy on validation, and on test at the start
     and the end); the games: turns per game and success (wordle: greedy on validation and test words;
     guess_number: greedy over every secret, which come from the range training uses: `GuessNumberEnv`)."""
+    from jaxrl_hier.llm_rl.guided import env_class
     from jaxrl_hier.logging.plots import Panel, Series, plot_curves
 
-    keys = {"two_turn": (("turn1_accuracy", "turn 1"), ("turn2_accuracy", "turn 2")),
-            "calculator": (("accuracy", "accuracy"), ("call_rate", "episodes that call the calculator"))}.get(
-        env, (("turns", "turns per game"), ("success", "success rate")))
+    keys = env_class(env).METRICS[:2]
     evaluated = "every secret" if env == "guess_number" else "validation"
     series = []
     for (key, label), color in zip(keys, ("tab:blue", "tab:orange")):
@@ -201,7 +200,7 @@ def run_guided(args: argparse.Namespace, raw_config: dict) -> int:
                 save_tokenizer(tokenizer, out / directory)
         records = read_jsonl(out / "metrics.jsonl")
         plot_guided_curve(records, out / "learning_curve.png", f"guided agent on {env.name}", config.env)
-        key = {"two_turn": "test/turn2_accuracy", "calculator": "test/accuracy"}.get(config.env, "test/turns")
+        key = f"test/{env.METRICS[0][0]}"
         evals = [(r["step"], r.get("test/turn1_accuracy"), r[key]) for r in records if r.get(key) is not None]
         log(f"done: {config.iterations} iterations in {time.perf_counter() - t0:.0f}s; over {len(test())} "
             f"{env.evaluation_label('test')}, {key} "

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import extract_answer
@@ -112,6 +112,9 @@ class TwoTurnEnv:
     shaped: bool = False
     name: str = "two_turn"
     max_turns: int = 3
+    #: the evaluation metrics reports show, (summarize key, label), the headline first
+    METRICS: ClassVar[tuple[tuple[str, str], ...]] = (("turn2_accuracy", "turn 2"), ("turn1_accuracy", "turn 1"),
+                                                      ("accuracy_gain", "accuracy gain"))
 
     def __post_init__(self):
         if self.hint_kind not in HINT_KINDS:
@@ -262,6 +265,8 @@ class SecretGame:
 
     max_turns: int
     name: str
+    #: the evaluation metrics reports show, (summarize key, label), the headline first
+    METRICS: ClassVar[tuple[tuple[str, str], ...]] = (("turns", "turns per game"), ("success", "success rate"))
 
     def __post_init__(self):
         if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or not 1 <= self.max_turns <= 32:

@@ -19,7 +19,7 @@ answers unaided and reinforcement learning can find which pays.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.tasks.answers import MARKER, extract_answer
@@ -74,6 +74,9 @@ class CalculatorEnv:
     call_chars: int = 16        # the longest expression a call can hold (max_new_tokens - 1 - len(CALL))
     direct_fraction: float = 0.5
     name: str = "calculator"
+    #: the evaluation metrics reports show, (summarize key, label), the headline first
+    METRICS: ClassVar[tuple[tuple[str, str], ...]] = (("accuracy", "accuracy"),
+                                                      ("call_rate", "episodes that call the calculator"))
 
     def __post_init__(self):
         if isinstance(self.max_calls, bool) or not isinstance(self.max_calls, int) or not 1 <= self.max_calls <= 16:

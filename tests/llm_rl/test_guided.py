@@ -154,7 +154,7 @@ def test_actor_micro_batches_accumulate_the_whole_batch_gradient_in_less_memory(
     for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
         assert key in s_whole, key
     inputs, metrics = whole._policy_inputs(state, bases, batches)
-    assert {"actor/v_return_mse", "actor/return_var", "actor/advantage_agreement"} <= set(metrics)
+    assert {"actor/v_return_mse", "actor/q_return_mse", "actor/return_var", "actor/advantage_agreement"} <= set(metrics)
     for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
         assert float(s_micro[key]) == pytest.approx(float(s_whole[key]), rel=1e-4, abs=1e-7), key
     # 4 micro-batches of 2 episodes: the compiled step keeps a quarter of the activations
@@ -209,6 +209,7 @@ def test_critic_diagnostics_by_hand():
     out = SimpleNamespace(v1=v, v2=v + 1.0, q1=q, q2=q + 2.0)  # min picks v and q
     d = critic_diagnostics(out, ret, valid, group_size=2)
     assert float(d["v_return_mse"]) == pytest.approx(1 / 4)  # one row off by 1
+    assert float(d["q_return_mse"]) == pytest.approx(1 / 4)  # q: the third row off by 1
     assert float(d["return_var"]) == pytest.approx(1.25)  # returns -1, -3, 0, -2 around -1.5
     # observed: each return against its pair's mean (-2, -1): 1, -1, 1, -1; against the critic's 0, -1, 1, 0
     assert float(d["advantage_agreement"]) == pytest.approx(float(np.corrcoef([1, -1, 1, -1], [0, -1, 1, 0])[0, 1]))

@@ -20,7 +20,7 @@ def write_run(path: Path, validation: list[float], first_test: float = 0.3, per_
     rows = []
     for step in range(last + 1):
         row = {"step": step} | ({"train/success": 0.1 * step, "actor/kl": 0.01 * step, "critic/q1_loss": 2.0,
-                                 "actor/v_return_mse": 0.5, "actor/return_var": 1.0, "actor/advantage_agreement": 0.2}
+                                 "actor/v_return_mse": 0.5, "actor/q_return_mse": 0.4, "actor/return_var": 1.0, "actor/advantage_agreement": 0.2}
                                 if step else {})
         if step % 2 == 0:
             row["eval/success"] = validation[step // 2]
@@ -61,7 +61,7 @@ def test_episodes_to_reach_and_efficiency(tmp_path):
     assert s["group"]["train_success"]["first10"] == pytest.approx((0.35, 0.0))  # iterations 1-6: 0.1 .. 0.6
     assert s["group"]["kl_last10"] == pytest.approx((0.035, 0.0)) and s["group"]["q1_loss_last10"][0] == 2.0
     assert ("| archer | 30.0 ± 0.0 -> 50.0 ± 20.0 | 4.40 ± 0.00 | 35.0 ± 0.0 -> 35.0 ± 0.0 | 20, never; 60, 60 (of 60) "
-            "| 0.035 ± 0.000 | 2.00 ± 0.00 | 0.50 ± 0.00 / 1.00 ± 0.00 | 0.20 ± 0.00 |") in multiturn.table("g", s, [0, 1])
+            "| 0.035 ± 0.000 | 2.00 ± 0.00 | 0.50 ± 0.00 / 0.40 ± 0.00; 1.00 ± 0.00 | 0.20 ± 0.00 |") in multiturn.table("g", s, [0, 1])
 
 
 def test_different_warm_starts_are_named(tmp_path):

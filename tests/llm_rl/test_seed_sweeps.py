@@ -43,6 +43,7 @@ def write_run(path: Path, evals: list[tuple[int, float, float]]) -> None:
     """A two-turn run's metrics.jsonl: (step, turn-1, turn-2 test accuracy) at its first and last step, with
     a validation evaluation at each of `evals`' steps (turn-2 minus 0.1) between train rows."""
     path.mkdir(parents=True)
+    (path / "config.yaml").write_text("env: two_turn\n")
     rows = []
     for j, (step, t1, t2) in enumerate(evals):
         if step:
