@@ -1,6 +1,6 @@
 """Episodes per second of multi-turn text games: one compiled loop over turns against a Python loop.
 
-    python benchmarks/multiturn_rollout.py --out DIR [--games guess_number wordle twenty_questions] [--high 100]
+    python benchmarks/multiturn_rollout.py --out DIR [--games guess_number wordle twenty_questions maze] [--high 100]
         [--turns 8]
         [--batches 16 64 256] [--repeats 5]
 
@@ -46,7 +46,7 @@ def agents(game: str, high: int, turns: int, batch: int):
     shipped = read_yaml(REPO / "configs" / "guided_game.yaml")
     cfg = build_dataclass(GuidedConfig, dict(
         env=game, game_high=high, game_max_turns=turns,
-        max_new_tokens={"guess_number": len(str(high)) + 1, "wordle": 6, "twenty_questions": 8}[game],
+        max_new_tokens={"guess_number": len(str(high)) + 1, "wordle": 6, "twenty_questions": 8, "maze": 2}[game],
         model=shipped["model"], lora_rank=shipped["lora_rank"], critic="backbone", temperature=1.0,
         episodes_per_iteration=batch, replay_capacity=batch * turns))
     env = make_env(cfg)
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--games", nargs="+", default=["guess_number", "wordle"],
-                        choices=["guess_number", "wordle", "twenty_questions"])
+                        choices=["guess_number", "wordle", "twenty_questions", "maze"])
     parser.add_argument("--high", type=int, default=100)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
