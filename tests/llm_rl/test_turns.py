@@ -15,9 +15,8 @@ from jaxrl_hier.llm_rl.data import encode_completions, special_ids
 from jaxrl_hier.llm_rl.turns import compiled_rollout
 from jaxrl_hier.tasks import build_char_tokenizer
 from jaxrl_hier.tasks.jax_rewards import decode_completions
-from jaxrl_hier.tasks.text_games import (ATTRIBUTES, OBJECTS, WORDS, GameEpisode, GuessEpisode, GuessNumberEnv, MazeEnv,
-                                         TwentyQuestionsEnv, WordleEnv, WordleEpisode, make_mazes, maze_distances,
-                                         wordle_feedback)
+from jaxrl_hier.tasks.text_games import (ATTRIBUTES, OBJECTS, WORDS, GameEpisode, GuessNumberEnv, MazeEnv,
+                                         TwentyQuestionsEnv, WordleEnv, make_mazes, maze_distances, wordle_feedback)
 from jaxrl_hier.tasks.text_games_jax import (GuessNumberJax, MazeJax, TwentyQuestionsJax, WordleJax, jax_form,
                                              token_classes)
 
@@ -53,9 +52,9 @@ def test_the_jax_parser_agrees_with_the_host_game():
                                                           decode_completions(TOK, both, ones)] == [0, 0]
 
 
-def host_replay(game, secrets, texts_per_turn, episode=GuessEpisode):
+def host_replay(game, secrets, texts_per_turn):
     """The host game played with the same utterances: per turn (state text, reward, done, valid)."""
-    eps = [episode(s) for s in secrets]
+    eps = [GameEpisode(s) for s in secrets]
     rows = []
     for texts in texts_per_turn:
         row = []
@@ -77,23 +76,18 @@ def context_texts(ids, mask):
             for r, mr in zip(np.asarray(ids), np.asarray(mask))]
 
 
-def test_scripted_games_match_the_host_game_turn_by_turn():
-    game = GuessNumberEnv(high=20, max_turns=5)
-    env = GuessNumberJax.build(game, TOK, len(TOK))
-    secrets = [7, 20, 1, 13, 5, 9]
-    plays = [["10", "10", "x", "13", " 5", "3"],      # turn 1: lower, lower, bad, hit, hit (spaces), higher
-             ["5", "15", "21", "13", "2", "8 "],
-             ["7", "25", "0", "1", "1", "09"],           # hit; out of range; bad; (ended); (ended); hit as "09"
-             ["1", "20", "2", "1", "1", "1"],
-             ["1", "19", "2", "1", "1", "1"]]
-    tokens = jnp.stack([utterance_ids(p)[0] for p in plays])
-    masks = jnp.stack([utterance_ids(p)[1] for p in plays])
+def play_scripted(env, game, secrets, plays, n=N):
+    """The compiled loop playing `plays` (per turn, one utterance per game, whatever the context) and the
+    host game replaying them: asserts each turn's state text, reward, done and valid agree, and that each
+    live game's next state is the next turn's state; returns (the JAX state at the end, the host episodes)."""
+    tokens = jnp.stack([utterance_ids(p, n=n)[0] for p in plays])
+    masks = jnp.stack([utterance_ids(p, n=n)[1] for p in plays])
 
-    def sample(t, policy, ids, mask, rng, greedy):  # says plays[t], whatever the context
+    def sample(t, policy, ids, mask, rng, greedy):
         return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
 
     S = env.obs_len + (game.max_turns - 1) * env.append_len
-    state, ids, mask = env.initial([GuessEpisode(s) for s in secrets])
+    state, ids, mask = env.initial([GameEpisode(s) for s in secrets])
     state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids, mask, jax.random.key(0))
     want, eps = host_replay(game, secrets, plays)
     for t, row in enumerate(want):
@@ -105,8 +99,23 @@ def test_scripted_games_match_the_host_game_turn_by_turn():
         if t + 1 < len(want):
             assert [context_texts(turns.next_state[t], turns.next_mask[t])[i] for i in live] == \
                 [want[t + 1][i][0] for i in live]
-    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [True, True, False, True, True, True]
-    assert np.asarray(state.turn).tolist() == [e.turn for e in eps] == [3, 4, 5, 1, 1, 3]
+    assert np.asarray(state.success).tolist() == [e.success for e in eps]
+    assert np.asarray(state.turn).tolist() == [e.turn for e in eps]
+    return state, eps
+
+
+def test_scripted_games_match_the_host_game_turn_by_turn():
+    game = GuessNumberEnv(high=20, max_turns=5)
+    env = GuessNumberJax.build(game, TOK, len(TOK))
+    secrets = [7, 20, 1, 13, 5, 9]
+    plays = [["10", "10", "x", "13", " 5", "3"],      # turn 1: lower, lower, bad, hit, hit (spaces), higher
+             ["5", "15", "21", "13", "2", "8 "],
+             ["7", "25", "0", "1", "1", "09"],           # hit; out of range; bad; (ended); (ended); hit as "09"
+             ["1", "20", "2", "1", "1", "1"],
+             ["1", "19", "2", "1", "1", "1"]]
+    state, eps = play_scripted(env, game, secrets, plays)
+    assert [e.success for e in eps] == [True, True, False, True, True, True]
+    assert [e.turn for e in eps] == [3, 4, 5, 1, 1, 3]
 
 
 @pytest.fixture(scope="module", params=[dict(env="guess_number", game_high=12, game_max_turns=6, max_new_tokens=3),
@@ -214,21 +223,8 @@ def test_wordle_in_jax_matches_the_host_game():
     secrets = ["crane", "about", "speed", "stone"]
     plays = [["stone", "about", "xx", "stone"], ["crane", "zz", "steel", "crane"], ["crane", "crane", "speed", "a"],
              ["about", "about", "about", "about"]]
-    tokens = jnp.stack([utterance_ids(p, n=8)[0] for p in plays])
-    masks = jnp.stack([utterance_ids(p, n=8)[1] for p in plays])
-
-    def sample(t, policy, ids, mask, rng, greedy):
-        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
-
-    S = env.obs_len + (game.max_turns - 1) * env.append_len
-    state, ids0, mask0 = env.initial([WordleEpisode(s) for s in secrets])
-    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
-    want, eps = host_replay(game, secrets, plays, WordleEpisode)
-    for t, row in enumerate(want):
-        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
-        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
-        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
-    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [False, True, True, True]
+    _, eps = play_scripted(env, game, secrets, plays, n=8)
+    assert [e.success for e in eps] == [False, True, True, True]
     assert eps[0].replies == ["...gg", "bad", "bad", "y...."]  # "crane" is not a listed word
 
 
@@ -269,22 +265,8 @@ def test_twenty_questions_in_jax_matches_the_host_game():
     secrets = ["cow", "kite", "rope", "sun"]
     plays = [["big", "flies", "horse", "cow", "food"], ["flies", "round", "ball", "?", "kite"],
              ["long", "tool", "metal", "knife", "pencil"], ["sun", "big", "x", "y", "z"]]
-    tokens = jnp.stack([utterance_ids([p[t] for p in plays], n=8)[0] for t in range(5)])
-    masks = jnp.stack([utterance_ids([p[t] for p in plays], n=8)[1] for t in range(5)])
-
-    def sample(t, policy, ids, mask, rng, greedy):
-        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
-
-    S = env.obs_len + (game.max_turns - 1) * env.append_len
-    state, ids0, mask0 = env.initial([GameEpisode(s) for s in secrets])
-    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
-    want, eps = host_replay(game, secrets, [[p[t] for p in plays] for t in range(5)], GameEpisode)
-    for t, row in enumerate(want):
-        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
-        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
-        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
-    assert np.asarray(state.success).tolist() == [e.success for e in eps] == [True, True, False, True]
-    assert np.asarray(state.turn).tolist() == [e.turn for e in eps] == [4, 5, 5, 1]
+    _, eps = play_scripted(env, game, secrets, [[p[t] for p in plays] for t in range(5)], n=8)
+    assert [e.success for e in eps] == [True, True, False, True] and [e.turn for e in eps] == [4, 5, 5, 1]
     assert eps[1].replies == ["yes", "no", "wrong", "bad"] and eps[2].replies[:3] == ["yes", "yes", "no"]
 
 
@@ -348,22 +330,8 @@ def test_maze_in_jax_matches_the_host_game():
         moves = game.play(s, game.explorer_move, random.Random(0)).guesses
         walls = [d for d in "nesw" if d not in game.maze(s[0])[s[1]]]
         plays.append(([walls[0]] + ["?"] + moves + ["n"] * 6)[:6])
-    tokens = jnp.stack([utterance_ids([p[t] for p in plays], n=3)[0] for t in range(6)])
-    masks = jnp.stack([utterance_ids([p[t] for p in plays], n=3)[1] for t in range(6)])
-
-    def sample(t, policy, ids, mask, rng, greedy):
-        return GenerateOutput(tokens[t], jnp.zeros(tokens.shape[1:]), masks[t])
-
-    S = env.obs_len + (game.max_turns - 1) * env.append_len
-    state, ids0, mask0 = env.initial([GameEpisode(s) for s in secrets])
-    state, turns = jax.jit(compiled_rollout(env, sample, S))(None, state, ids0, mask0, jax.random.key(0))
-    want, eps = host_replay(game, secrets, [[p[t] for p in plays] for t in range(6)], GameEpisode)
-    for t, row in enumerate(want):
-        assert context_texts(turns.state[t], turns.state_mask[t]) == [w[0] for w in row], t
-        assert np.asarray(turns.reward[t]).tolist() == [w[1] for w in row], t
-        assert np.asarray(turns.done[t]).tolist() == [w[2] for w in row], t
-    assert np.asarray(state.success).tolist() == [e.success for e in eps]
-    assert np.asarray(state.turn).tolist() == [e.turn for e in eps]
+    state, eps = play_scripted(env, game, secrets, [[p[t] for p in plays] for t in range(6)], n=3)
+    assert np.asarray(state.secret[:, 2]).tolist() == [game.position(e.secret, e.guesses) for e in eps]
     assert any(e.success for e in eps) and not all(e.success for e in eps)
     assert all(e.replies[:2] == ["wall", "bad"] for e in eps)
 
