@@ -93,12 +93,9 @@ class Role(NamedTuple):
 
 
 def state_length(config: GuidedConfig, env: Any) -> int:
-    """S, the static token length of every state (BOS included)."""
-    if config.env == "two_turn":
-        return 1 + env.max_state_chars(config.max_prompt_length - 1, config.max_new_tokens - 1)
-    if config.env == "calculator":
-        return 1 + env.max_state_chars(config.max_prompt_length - 1)
-    return 1 + env.max_state_chars()
+    """S, the static token length of every state (BOS included): the env's bound for prompts and utterances
+    of the config's lengths (the games' states hold neither)."""
+    return 1 + env.max_state_chars(config.max_prompt_length - 1, config.max_new_tokens - 1)
 
 
 class WarmStartTask:

@@ -176,9 +176,10 @@ class TwoTurnEnv:
         ep.turn += 1
         return ep, reward, ep.done
 
-    def max_state_chars(self, prompt_chars: int, hint_chars: int) -> int:
-        """The longest state text for prompts of `prompt_chars` and hints of `hint_chars` characters."""
-        return prompt_chars + self.answer_chars + 1 + hint_chars + 1
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
+        """The longest state text for prompts of `prompt_chars` and hints (utterances) of `utterance_chars`
+        characters (every environment's bound takes both; each reads what its states hold)."""
+        return prompt_chars + self.answer_chars + 1 + utterance_chars + 1
 
     def sft_problems(self, split: str, n: int, seed: int) -> list[Problem]:
         """Warm-start examples, a third of each kind: turn-1 answers, rule-based hints for a turn-1
@@ -406,7 +407,7 @@ class GuessNumberEnv(SecretGame):
     def evaluation_label(self, split: str) -> str:
         return f"{split} secrets of 1..{self.high} (no secret is held out)"
 
-    def max_state_chars(self) -> int:
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
         width = len(str(self.high))
         return len(self.header()) + (self.max_turns - 1) * (width + 1 + len("higher") + 1)
 
@@ -523,7 +524,7 @@ class WordleEnv(SecretGame):
     def evaluation_label(self, split: str) -> str:
         return f"{split} secret words (disjoint from the other splits')"
 
-    def max_state_chars(self) -> int:
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
         return len(self.header()) + (self.max_turns - 1) * (2 * self.word_length + 2)
 
     def _parse(self, utterance: str) -> str | None:
@@ -661,7 +662,7 @@ class TwentyQuestionsEnv(SecretGame):
     def evaluation_label(self, split: str) -> str:
         return f"{split} secret objects (disjoint from the other splits')"
 
-    def max_state_chars(self) -> int:
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
         return len(self.header()) + (self.max_turns - 1) * (LONGEST_PHRASE + 1 + len("wrong") + 1)
 
     def _parse(self, utterance: str) -> str | None:
@@ -820,7 +821,7 @@ class MazeEnv(SecretGame):
     def max_line_chars(self) -> int:
         return len("n 00 \n") + len(MOVES)
 
-    def max_state_chars(self) -> int:
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
         return self.max_opening_chars() + (self.max_turns - 1) * self.max_line_chars()
 
     def _parse(self, utterance: str) -> str | None:

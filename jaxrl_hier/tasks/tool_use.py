@@ -109,8 +109,9 @@ class CalculatorEnv:
     def observation(self, ep: ToolEpisode) -> str:
         return self.render(ep.problem.prompt, ep.calls, ep.results)
 
-    def max_state_chars(self, prompt_chars: int) -> int:
-        """The longest state for prompts of `prompt_chars` characters."""
+    def max_state_chars(self, prompt_chars: int = 0, utterance_chars: int = 0) -> int:
+        """The longest state for prompts of `prompt_chars` characters (a call's text is cut to `call_chars`
+        whatever the utterance's length)."""
         return prompt_chars + 1 + self.max_calls * (len(CALL) + self.call_chars + len(" = ") + RESULT_CHARS + 1)
 
     def step(self, ep: ToolEpisode, utterance: str) -> tuple[ToolEpisode, float, bool]:
