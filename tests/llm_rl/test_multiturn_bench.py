@@ -1,6 +1,7 @@
 """benchmarks/multiturn.py's reading of runs (curves against episodes played, the test split at the two
 ends only), its sample-efficiency figure (episodes to reach the group baseline's final validation
-success), the same-warm-start check, the table, and its refusals of bad input before any run."""
+success), the same-warm-start check, the table, and its refusals of bad input before any run; and
+benchmarks/advantage_ceiling.py's exact values of the warm-start's rule."""
 
 import json
 import sys
@@ -102,3 +103,28 @@ def test_report_only_summarises_finished_runs_without_training(tmp_path, monkeyp
     assert sorted(report["runs"]["archer"]) == ["0", "1"] and report["efficiency"]["0"]["episodes"]["archer"] == 20
     assert "seeds with every algorithm finished: [0, 1] (of [0, 1, 2])" in capsys.readouterr().out
     assert multiturn.main(["--out", str(tmp_path / "none"), "--configs", config, "--report-only"]) == 2
+
+
+def test_the_advantage_ceiling_values_the_rule_the_host_game_plays():
+    """The dynamic programme's V* of the uniform-guess rule is the mean return of the host game played by
+    that rule (Monte Carlo), and a perfect critic fits the returns at least as well with the utterance."""
+    import random
+
+    from benchmarks import advantage_ceiling as ceil
+    from jaxrl_hier.tasks.text_games import GuessEpisode, GuessNumberEnv
+
+    game = GuessNumberEnv(high=8, max_turns=3)
+    value, q = ceil.rule_values(3)
+    rng, total, n = random.Random(0), 0.0, 20000
+    for _ in range(n):
+        ep = GuessEpisode(rng.randint(1, 8))
+        while not ep.done:
+            lo, hi = game.consistent([int(g) for g in ep.guesses], ep.replies)
+            ep, _, _ = game.step(ep, str(rng.randint(lo, hi)))
+        total += ep.ret
+    assert total / n == pytest.approx(value(1, 8, 3), abs=0.02)
+    assert q(1, 8, 3, 9) == -1.0 + value(1, 8, 2)  # a guess outside the interval only spends a turn
+    assert q(1, 1, 1, 1) == 0.0 and value(1, 2, 1) == -0.5
+    res = ceil.ceiling(high=16, turns=4, games=200, group=4, seed=0)
+    assert res["q_star_return_mse"] <= res["v_star_return_mse"] < res["return_var"]
+    assert 0.0 < res["agreement_group"] < 1.0 and res["advantage_var"] > 0
