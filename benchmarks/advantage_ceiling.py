@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import random
 import statistics
 import sys
@@ -89,13 +88,6 @@ def play_groups(high: int, turns: int, games: int, group: int, seed: int) -> lis
     return rows
 
 
-def corr(x: list[float], y: list[float]) -> float:
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sx, sy = math.sqrt(sum((a - mx) ** 2 for a in x)), math.sqrt(sum((b - my) ** 2 for b in y))
-    return sxy / (sx * sy) if sx and sy else 0.0
-
-
 def ceiling(high: int, turns: int, games: int, group: int, seed: int) -> dict:
     value, _ = rule_values(turns)
     rows = play_groups(high, turns, games, group, seed)
@@ -107,8 +99,8 @@ def ceiling(high: int, turns: int, games: int, group: int, seed: int) -> dict:
             "v_star_return_mse": statistics.fmean((r["g"] - r["v"]) ** 2 for r in rows),
             "q_star_return_mse": statistics.fmean((r["g"] - r["v"] - r["a"]) ** 2 for r in rows),
             "advantage_var": statistics.pvariance(a),
-            "agreement_group": corr(a, [r["group_adv"] for r in rows]),
-            "agreement_v": corr(a, [r["g"] - r["v"] for r in rows])}
+            "agreement_group": statistics.correlation(a, [r["group_adv"] for r in rows]),
+            "agreement_v": statistics.correlation(a, [r["g"] - r["v"] for r in rows])}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -547,7 +547,7 @@ def make_env(config: GuidedConfig) -> Any:
     from jaxrl_hier.tasks import task_from_config
 
     cls = env_class(config.env)
-    if config.env in ("guess_number",):
+    if config.env == "guess_number":
         return cls(high=config.game_high, max_turns=config.game_max_turns)
     if config.env in ("wordle", "twenty_questions", "maze"):
         return cls(max_turns=config.game_max_turns)

@@ -844,9 +844,9 @@ class MazeEnv(SecretGame):
 
     def reply_to(self, secret: tuple[int, int, int], cell: int, move: str | None) -> tuple[int, str]:
         """The cell after `move` from `cell` and the reply line's text after the move."""
-        to = None if move is None else self.move(secret[0], cell, move)
         if move is None:
             return cell, "bad"
+        to = self.move(secret[0], cell, move)
         if to is None:
             return cell, "wall"
         return to, f"{self.cell(to)} {self.maze(secret[0])[to]}"

@@ -129,16 +129,20 @@ def token_classes(tokenizer: Any, vocab_size: int) -> dict[str, np.ndarray]:
     return {"cls": cls, "value": value, "digits": digits, "lead": lead, "trail": trail}
 
 
-def _encode(tokenizer: Any, texts: Sequence[str], width: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded ids of each text (no special tokens) and their mask, `width` wide."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    rows = [list(r) for r in tokenizer(list(texts), add_special_tokens=False)["input_ids"]]
+def _left_pad(rows: Sequence[Sequence[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """[R, width] the rows of ids right-aligned after `pad`, and their mask."""
     ids = np.full((len(rows), width), pad, np.int32)
     mask = np.zeros((len(rows), width), np.int32)
     for i, r in enumerate(rows):
         if r:
             ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
     return ids, mask
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded ids of each text (no special tokens) and their mask, `width` wide."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return _left_pad([list(r) for r in tokenizer(list(texts), add_special_tokens=False)["input_ids"]], width, pad)
 
 
 def char_vocabulary(tokenizer: Any, vocab_size: int, extra: str) -> tuple[np.ndarray, dict[str, int]] | None:
@@ -451,11 +455,9 @@ class MazeJax(JaxGame):
         return jnp.asarray([[m, goal, start] for m, start, goal in (ep.secret for ep in episodes)], jnp.int32)
 
     def first_observations(self, episodes: Sequence[Any]) -> tuple[jax.Array, jax.Array]:
-        ids = np.full((len(episodes), self.obs_len), self.pad, np.int32)
-        mask = np.zeros_like(ids)
-        for i, ep in enumerate(episodes):
-            row = ([self.bos] if self.bos is not None else []) + [self.char_ids[ch] for ch in self.game.opening(ep.secret)]
-            ids[i, self.obs_len - len(row):], mask[i, self.obs_len - len(row):] = row, 1
+        bos = [self.bos] if self.bos is not None else []
+        rows = [bos + [self.char_ids[ch] for ch in self.game.opening(ep.secret)] for ep in episodes]
+        ids, mask = _left_pad(rows, self.obs_len, self.pad)
         return jnp.asarray(ids), jnp.asarray(mask)
 
     def parse(self, utterance: jax.Array, mask: jax.Array) -> jax.Array:
