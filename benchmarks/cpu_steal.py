@@ -1,5 +1,6 @@
-"""Does this machine slow a process down because of the load before it? (issue 29: "our process runs
-whichever beta comes second slower").
+"""Does a shared VM slow a process down because of the load before it? A benchmark that runs its arms
+one after another saw whichever arm came second run slower: this script tells the host's share of that
+from the process's own.
 
 Three phases, each a fresh process running a jitted 1024^3 float32 matmul in a loop, with /proc/stat's
 steal ticks (time the hypervisor gave to something else while this VM wanted the CPU) read around it:

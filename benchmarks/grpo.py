@@ -33,8 +33,9 @@ the worker's RSS high-water mark (`resource.getrusage(RUSAGE_SELF).ru_maxrss`): 
 and compiled programs together. Completion tokens/s = 8 * 4 * 32 / median step. Each worker checks that
 every completion the reward saw had exactly 32 characters (one token each) and that each step scored 32.
 `--rounds` (3) runs every (system, beta) worker that many times, one system after another in each round
-and the order rotated between rounds, because this CPU's speed drifts by up to a third over minutes: a
-record pools the step times of all its rounds, keeps each round's median, and `speedups` gives ours
+and the order rotated between rounds, because a shared VM's CPU speed drifts by up to a third over
+minutes (the 2-core Intel Xeon @ 2.80GHz of `benchmarks/results/cpu/grpo.json`; `benchmarks/cpu_steal.py`
+measures the host's share): a record pools the step times of all its rounds, keeps each round's median, and `speedups` gives ours
 against each peer as the ratio of pooled medians with the lowest and highest ratio of one round's.
 
 `--preset qwen2.5-0.5b` (or qwen2.5-1.5b) with `--platform gpu --dtype bfloat16 [--lora-rank 16]` is the GPU
@@ -744,7 +745,7 @@ def run(args: argparse.Namespace) -> dict:
         ckpt.mkdir(parents=True, exist_ok=True)
         model = make_checkpoint(ckpt, preset=args.preset, dtype=args.dtype)  # deterministic: same seed, same weights
         # Every round runs each (system, beta) once, the systems in an order rotated by one each round:
-        # this CPU's speed drifts over minutes, and a system always run last would pay for it alone.
+        # a shared VM's CPU speed drifts over minutes, and a system always run last would pay for it alone.
         runs: dict[tuple[str, float], list[dict]] = {}
         minimal: dict[tuple[str, float], list[dict]] = {}
         for round_ in range(args.rounds):

@@ -6,8 +6,8 @@ The model is the shape of `benchmarks/grpo.py`'s checkpoint (Qwen2-shaped, hidde
 4 heads / 2 KV heads, intermediate 704, tied embeddings, 57-token vocabulary, float32, random
 weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens, 8 prompts x 4.
 Every program is compiled first (compile time and XLA's temporary memory recorded apart), then all
-are called in turn `--repeats` times (median and min): this CPU's speed drifts within a minute, so
-only programs timed side by side compare.
+are called in turn `--repeats` times (median and min): a shared VM's CPU speed drifts within a minute
+(hypervisor steal, `benchmarks/cpu_steal.py`), so only programs timed side by side compare.
 
 - `forward`: the completion log-probs (`llm_rl.rollout.completion_logprobs`);
 - `hidden_forward` / `hidden_grad`: the decoder's hidden states alone, and the gradient of a sum

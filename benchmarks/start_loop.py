@@ -1,4 +1,5 @@
-"""Start an entry point many times, each with a timeout, and count hangs (issue 30).
+"""Start an entry point many times, each with a timeout, and count hangs (the XLA:CPU deadlock of a
+vmapped LAPACK QR: `jaxrl_hier/networks/init.py`).
 
 A start that hangs sits at ~0% CPU, so each child is also sampled: a start that passes its timeout
 is reported as a hang together with its last CPU reading, and the children of a hang get a Python
@@ -11,7 +12,7 @@ the results so the stuck frame is known.
 
 Entry points, each made as small as it goes while still compiling and running one step:
 - skills: `python -m jaxrl_hier.skills run` on TechTree, 2 slots, tiny PPO, max_rounds=1 (the path
-  of the report: scheduler -> SkillTrainer.start -> init of the slots, then one compiled round);
+  where a run hung: scheduler -> SkillTrainer.start -> init of the slots, then one compiled round);
 - ppo: `python -m jaxrl_hier.train` on TechTree-v0, 3 vmapped seeds, one update;
 - grpo / pgts: `configs/grpo_arithmetic.yaml` / `configs/pgts_arithmetic.yaml` with every phase cut
   to one or two steps.
@@ -203,7 +204,7 @@ def main() -> None:
                 print(json.dumps({"entry": entry, **res}), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        if args.append and entry in data:  # several sessions of starts of the same entry point add up
+        if args.append and entry in data:  # several invocations' starts of the same entry point add up
             runs = [*data[entry]["runs"], *[{**r, "index": r["index"] + len(data[entry]["runs"])} for r in runs]]
         hangs = sum(r["hung"] for r in runs)
         deadlocks = sum(bool(r.get("frozen")) for r in runs)

@@ -62,8 +62,8 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
 def steal_fraction(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None) -> float | None:
     """The share of the CPUs' time between two `cpu_ticks()` readings that the hypervisor took (steal).
 
-    On this project's 2-core VM the host's other tenants took up to 40% of the CPU time for minutes: a
-    1024^3 matmul fell from 167 to 82 GFLOP/s while 39% was stolen, and ran at 176 with 2% stolen half a
+    On a shared 2-core Intel Xeon @ 2.80GHz VM the host's other tenants took up to 40% of the CPU
+    time for minutes: a 1024^3 matmul fell from 167 to 82 GFLOP/s while 39% was stolen, and ran at 176 with 2% stolen half a
     minute later; in another run the steal came in other phases (`benchmarks/cpu_steal.py`). So a
     benchmark arm can be slowed by the machine, not by itself."""
     if before is None or after is None or after[0] <= before[0]:

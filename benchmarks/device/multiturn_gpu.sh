@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# benchmarks/multiturn.py's training runs on a lent GPU, sized to a short lease: for each seed in turn,
-# the group baseline then ArCHer (so a lease that ends early still leaves pairs from the same
-# warm-start), each `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`, until WALL_S
+# benchmarks/multiturn.py's training runs on a GPU machine held for a few minutes only: for each seed
+# in turn, the group baseline then ArCHer (so a machine taken back early still leaves pairs from the
+# same warm-start), each `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`, until WALL_S
 # seconds have passed (a run cut by the wall stays resumable). All runs share one persistent XLA cache,
 # since their programs have the same shapes.
 #

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Compile time against run time of the skills program on a lent GPU, under three XLA settings, one
+# Compile time against run time of the skills program on a GPU, under three XLA settings, one
 # process each (`benchmarks/skills_compile.py`): XLA's defaults; LLVM module compilation split over
-# the host's cores; no autotuning. Sized to a short lease (each process under its own time limit,
-# every shape's figures written as soon as measured).
+# the host's cores; no autotuning. Sized for a GPU machine held for a few minutes only (each process
+# under its own time limit, every shape's figures written as soon as measured).
 #
 #   bash benchmarks/device/skills_compile_gpu.sh OUT
 #

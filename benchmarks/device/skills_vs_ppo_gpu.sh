@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Bottom-up skills against flat PPO on Craftax-Classic on a lent GPU, sized to a short lease:
+# Bottom-up skills against flat PPO on Craftax-Classic on a GPU, sized for a machine held for a few
+# minutes only:
 # `benchmarks/skills_vs_ppo.py` with the GPU config (1024 envs per skill), the skills run stopped
 # after WALL_S seconds (its config's max_wall_s, compilation included), flat PPO at the same env
 # steps, both agents judged from the same fresh worlds; only the final agents are evaluated.
@@ -7,10 +8,10 @@
 #   bash benchmarks/device/skills_vs_ppo_gpu.sh OUT WALL_S [key=value ...]
 #
 # OUT receives skills_vs_ppo.{json,md,png}, skills_run.tgz (the run directory without its
-# checkpoints and experts), xla_cache.tgz (every program the lease compiled: JAX's persistent
+# checkpoints and experts), xla_cache.tgz (every program the run compiled: JAX's persistent
 # cache, runs.compile_cache) and versions.txt. Packages the GPU machine lacks travel as wheels in
 # .whl/ (the device tool's README); CONFIG= picks another skills config. XLA_CACHE_IN= names an
-# xla_cache.tgz an earlier lease brought back (carried in an ignored folder): on the same kind of
+# xla_cache.tgz an earlier run of this script brought back (carried in an ignored folder): on the same kind of
 # GPU and the same jax, the skills run, flat PPO and the evaluations load their programs instead of
 # compiling them (about a minute each on an H200).
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""Orthogonal initialisation that cannot deadlock XLA:CPU when vmapped (issue 30).
+"""Orthogonal initialisation that cannot deadlock XLA:CPU when vmapped.
 
 `jax.nn.initializers.orthogonal` takes the QR decomposition of a Gaussian matrix through LAPACK
 (geqrf, orgqr). Under `vmap` (seeds of `make_train`, slots of a skills trainer) that is one

@@ -1,6 +1,6 @@
 """XLA's persistent compilation cache, kept in the run directory.
 
-A resumed run (after a kill, a preemption, the end of a lease) compiles the very programs it
+A resumed run (after a kill, a preemption, the end of a time-limited job) compiles the very programs it
 compiled before. With JAX's persistent cache in RUN/xla_cache it loads them instead: on one H200 the
 Craftax-Classic skills program took 58.9 s to compile and 11.7 s to load in a new process
 (`benchmarks/results/h200/skills_compile/`). On the GPU the cache also keeps XLA's per-fusion
