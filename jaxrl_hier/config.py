@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.resources
 import types
 import typing
 from pathlib import Path
@@ -39,6 +40,40 @@ def read_yaml_document(path: str | Path, what: str = "config file",
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise ConfigError(f"{what} {path} is not valid YAML: {err}") from None
+
+
+def packaged_config_dir() -> Path:
+    """The folder of the YAML configs shipped inside the package (`jaxrl_hier/configs`, package data).
+
+    Found through `importlib.resources`, so it is the installed package's folder after `pip install .`
+    and the source tree's in a clone (whose top-level `configs` links to it). A wheel installs as
+    plain files, so the resource is a directory on disk.
+    """
+    return Path(importlib.resources.files("jaxrl_hier").joinpath("configs"))
+
+
+def packaged_config_names() -> list[str]:
+    """The names of the packaged configs (file stems), sorted: what a bare `--config NAME` accepts."""
+    return sorted(p.stem for p in packaged_config_dir().glob("*.yaml"))
+
+
+def resolve_config(path: str | Path) -> Path:
+    """The config file a `--config` value names.
+
+    An existing file is returned as given. Otherwise a bare name (no directory part, with or without
+    `.yaml`: `ppo_cartpole`, `ppo_cartpole.yaml`) is looked up among the packaged configs. When
+    neither exists, ConfigError names the value and lists the packaged configs.
+    """
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.parent == Path("."):
+        packaged = packaged_config_dir() / (path.name if path.suffix == ".yaml" else f"{path.name}.yaml")
+        if packaged.is_file():
+            return packaged
+    names = packaged_config_names()
+    raise ConfigError(f"config file not found: {path}.{closest(path.stem, names)} Pass an existing YAML file, "
+                      f"or the name of a packaged config: {', '.join(names)}.")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -199,10 +234,12 @@ def build_dataclass(cls: type[T], values: Mapping[str, Any], *, source: str = "c
 def load_config(
     cls: type[T], path: str | Path | None = None, overrides: Sequence[str] | Mapping[str, Any] = ()
 ) -> T:
-    """Load `cls` from an optional YAML file, then apply `key=value` overrides, then validate."""
+    """Load `cls` from an optional YAML file (a path, or a packaged config's name: `resolve_config`),
+    then apply `key=value` overrides, then validate."""
     values: dict[str, Any] = {}
     source = "config"
     if path is not None:
+        path = resolve_config(path)
         values.update(read_yaml(path))
         source = str(path)
     extra = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)

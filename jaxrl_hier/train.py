@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from jaxrl_hier.config import ConfigError, closest, parse_overrides, read_yaml
+from jaxrl_hier.config import ConfigError, closest, parse_overrides, read_yaml, resolve_config
 from jaxrl_hier.runs import init_distributed
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "ppo_default.yaml"
+DEFAULT_CONFIG = "ppo_default"  # a packaged config (jaxrl_hier/configs/ppo_default.yaml), found by resolve_config
 DEFAULT_ALGORITHM = "ppo"
 
 # The trainers `algorithm: <name>` selects, as "module:function" strings imported only when chosen.
@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         epilog="Overrides are key=value pairs, e.g. env=gymnax:CartPole-v1 num_envs=64 total_timesteps=100000.",
     )
     parser.add_argument("--config", type=Path, default=None,
-                        help="YAML config (default: the built-in small Craftax-Classic run)")
+                        help="a YAML file, or the name of a packaged config (ppo_cartpole, grpo_arithmetic, ...); "
+                             "default: ppo_default, a small Craftax-Classic run")
     parser.add_argument("--output-dir", type=Path, default=None, help="run directory (default: runs/<env>-<time>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its last checkpoint")
     parser.add_argument("--distributed", action="store_true",
@@ -68,9 +69,9 @@ def load_raw_config(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         saved = args.output_dir / "config.yaml"
         if not saved.is_file():
             raise ConfigError(f"cannot resume: {saved} not found. Is {args.output_dir} a jaxrl_hier run directory?")
-        path = args.config or saved
+        path = resolve_config(args.config) if args.config is not None else saved
     else:
-        path = args.config if args.config is not None else DEFAULT_CONFIG
+        path = resolve_config(args.config if args.config is not None else DEFAULT_CONFIG)
     raw = read_yaml(path)
     overrides = parse_overrides(args.overrides)
     raw.update(overrides)

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
         (["env_shards=3", "num_envs=16", "num_minibatches=4", "num_steps=8"],
          ["num_envs (16) must be divisible by the number of devices/env shards (3)"]),
         (["--config", "does/not/exist.yaml"], ["config file not found: does/not/exist.yaml"]),
+        (["--config", "ppo_cartpol"], ["config file not found: ppo_cartpol.", "Did you mean 'ppo_cartpole'?",
+                                        "packaged config: grpo_arithmetic,"]),
         (["novalue"], ["not of the form key=value"]),
         (["--resume"], ["--resume needs --output-dir"]),
     ],
