@@ -29,7 +29,7 @@ from jaxrl_hier.skills.chain import ChainTuner, chain_target, failed_experts
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import load_run
 from jaxrl_hier.skills.config import SkillsConfig
-from jaxrl_hier.skills.scheduler import run_library
+from jaxrl_hier.skills.state import run_library
 from jaxrl_hier.skills.state import load_state
 from jaxrl_hier.skills.trainer import load_expert, skill_env_and_policy
 

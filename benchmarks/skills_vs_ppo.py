@@ -44,8 +44,8 @@ from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.logging.metrics import read_jsonl
 from jaxrl_hier.logging.plots import save_figure
 from jaxrl_hier.skills.cli import check_config
-from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_run, play_episodes,
-                                        summarize)
+from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_managed, load_run,
+                                        play_episodes, summarize)
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import load_state
 
@@ -213,8 +213,11 @@ def table(results: dict, names) -> str:
     seeds = results["seeds"]
     lines = [f"{len(seeds)} seed(s) {seeds}; {results['episodes']} fresh-world episodes per agent, mode and seed, "
              f"up to {results['max_steps']} steps; mean ± standard error over seeds",
-             "", "| | skills (greedy) | skills (sampled) | flat PPO (greedy) | flat PPO (sampled) |",
-             "|---|---:|---:|---:|---:|"]
+             ""]
+    agents = [a for a in ("skills", "manager", "ppo") if all(a in r for r in results["runs"])]
+    label = {"skills": "skills (composed)", "manager": "skills + manager", "ppo": "flat PPO"}
+    lines += ["| | " + " | ".join(f"{label[a]} ({m})" for a in agents for m in ("greedy", "sampled")) + " |",
+              "|---|" + "---:|" * (2 * len(agents))]
 
     def cell(agent, mode, field, sub=None, pct=True):
         vals = [(r[agent][mode][field] if sub is None else r[agent][mode][field][sub]) for r in results["runs"]]
@@ -223,11 +226,11 @@ def table(results: dict, names) -> str:
         return fmt_mean_se(*mean_se(vals), pct=pct)
 
     for n in names:
-        lines.append(f"| {n} (%) | " + " | ".join(cell(a, m, "achievements", n) for a in ("skills", "ppo")
+        lines.append(f"| {n} (%) | " + " | ".join(cell(a, m, "achievements", n) for a in agents
                                                  for m in ("greedy", "sampled")) + " |")
-    lines.append("| mean return | " + " | ".join(cell(a, m, "mean_return", pct=False) for a in ("skills", "ppo")
+    lines.append("| mean return | " + " | ".join(cell(a, m, "mean_return", pct=False) for a in agents
                                                 for m in ("greedy", "sampled")) + " |")
-    lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in ("skills", "ppo")
+    lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in agents
                                                      for m in ("greedy", "sampled")) + " |")
     steps = [r["skills"]["env_steps"] for r in results["runs"]]
     def rate(agent, field):
@@ -237,6 +240,8 @@ def table(results: dict, names) -> str:
               "|---|---:|---:|---:|---:|",
               f"| skills run | {np.mean(steps):,.0f} | {rate('skills', 'wall_s')} | {rate('skills', 'steps_per_s')} "
               f"| {rate('skills', 'median_round_steps_per_s')} (median round) |",
+              *([f"| the same run with its manager stage | {np.mean([r['manager']['env_steps'] for r in results['runs']]):,.0f} "
+                 f"| (in the run's wall time) | | |"] if "manager" in agents else []),
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
               f"{rate('ppo', 'wall_s')} (training only) | {rate('ppo', 'steps_per_s')} "
               f"| {rate('ppo', 'steady_steps_per_s')} (after the first chunk) |"]
@@ -255,7 +260,10 @@ def plot(results: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, r in enumerate(results["runs"]):  # one legend entry per agent, however many seeds
         for agent, colour, marker, label in (("ppo", "tab:blue", ".", "flat PPO"),
-                                             ("skills", "tab:orange", "o", "skills (composed agent)")):
+                                             ("skills", "tab:orange", "o", "skills (composed agent)"),
+                                             ("manager", "tab:green", "*", "skills + manager")):
+            if agent not in r:
+                continue
             curve = r[agent]["curve"]
             ax.plot([p["env_steps"] for p in curve], [p["achievements_per_episode"] for p in curve], color=colour,
                     marker=marker, label=label if i == 0 else None)
@@ -301,15 +309,18 @@ def main(argv=None) -> int:
             run_dir, wall = run_skills(args, seed)
         run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
         state = load_state(run_dir)
-        # every skill's steps, failed attempts included, and the chain fine-tuning's (skills.chain)
+        # every skill's steps, failed attempts included, the chain fine-tuning's (skills.chain) and the
+        # manager's (skills.manager)
         chain_steps = int(state.chain.get("steps", 0))
-        budget = sum(r.total_steps for r in state.skills) + chain_steps
+        manager_steps = int(state.manager.get("steps", 0)) if state.manager.get("status") == "done" else 0
+        budget = sum(r.total_steps for r in state.skills) + chain_steps + manager_steps
         run = load_run(run_dir, run_config, catalog, args.include_running)
         # the curve's points before the chain are the skills' own experts, not the tuned ones
         own = load_run(run_dir, run_config, catalog, args.include_running, use_chain=False) if run.chain else run
         aim = choose_target(run.library, list(run.experts), run.target)
         comp, plan = build_composition(run.env, run.library, run.experts, aim)
-        skills = {"run_dir": str(run_dir), "env_steps": budget, "chain_steps": chain_steps, "wall_s": wall,
+        skills = {"run_dir": str(run_dir), "env_steps": budget - manager_steps, "chain_steps": chain_steps,
+                  "wall_s": wall,
                   "target": aim, "plan": plan,
                   **skills_throughput(run_dir, state),
                   "completed": [r.name for r in state.by_status("completed")], "running": list(run.running),
@@ -318,13 +329,23 @@ def main(argv=None) -> int:
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
             skills[mode] = summarize(stats, names, rewards, list(run.experts))
         skills["curve"] = [] if args.no_curve else skills_curve(run_dir, own, state, key, args.episodes, max_steps)
-        # the whole budget (failed attempts after the last completion included), the final agent
-        skills["curve"].append({"env_steps": budget, "skill": "(end of run)", "achievements_per_episode":
-                                float(sum(skills["sampled"]["achievements"].values()))})
+        # the composed agent at the skills' and chain's budget (failed attempts after the last completion
+        # included); the managed agent, trained after them, at the whole budget
+        skills["curve"].append({"env_steps": budget - manager_steps, "skill": "(composed agent)",
+                                "achievements_per_episode": float(sum(skills["sampled"]["achievements"].values()))})
+        entry = {"seed": seed, "skills": skills}
+        if run.manager:
+            agent, managed = load_managed(run_dir, run_config, run)
+            entry["manager"] = {"env_steps": budget, "manager_steps": manager_steps, "skills": run.manager["skills"]}
+            for j, mode in enumerate(("greedy", "sampled")):
+                stats = agent.evaluate(managed, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
+                entry["manager"][mode] = summarize(stats, names, rewards, list(run.experts))
+            entry["manager"]["curve"] = [{"env_steps": budget, "achievements_per_episode":
+                                          float(sum(entry["manager"]["sampled"]["achievements"].values()))}]
         # written now too: a run killed during flat PPO (a lease's end) keeps the skills' figures
-        write_results(args, config, max_steps, runs + [{"seed": seed, "skills": skills}], partial=True)
-        ppo = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
-        runs.append({"seed": seed, "skills": skills, "ppo": ppo})
+        write_results(args, config, max_steps, runs + [entry], partial=True)
+        entry["ppo"] = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
+        runs.append(entry)
         print(f"seed {seed}: skills {budget:,} steps, {len(skills['completed'])}/{len(state.skills)} skills completed; "
               f"target {aim} sampled {skills['sampled']['achievements'].get(aim, skills['sampled']['skills'][aim]):.2f}",
               flush=True)

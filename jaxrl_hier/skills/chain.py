@@ -35,6 +35,7 @@ from flax import struct
 
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+from jaxrl_hier.skills.composition import build_composition, choose_target
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
@@ -130,8 +131,6 @@ def failed_experts(run_dir: Path, state: Any, load: Any) -> dict:
 def chain_target(library: SkillLibrary, available: list[str], target: str) -> str:
     """The skill the chain is tuned towards: `target` when it and its whole closure have experts;
     for "all" (or a target without one), the skill with the longest closure that has."""
-    from jaxrl_hier.skills.composed import choose_target
-
     ok = [s for s in available if s in library and all(d in available for d in library.closure(s))]
     if not ok:
         raise SkillError("no skill has experts for itself and all its dependencies: there is no chain to tune.")
@@ -147,8 +146,6 @@ class ChainTuner:
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
                  target: str):
         from jaxrl_hier.algorithms.ppo import make_train
-        from jaxrl_hier.skills.composed import build_composition
-
         self.config = config
         comp, self.plan = build_composition(skill_env, library, experts, target)
         ppo = config.chain_ppo_config()
@@ -181,6 +178,16 @@ def save_chain(run_dir: Path, plan: list[str], tuned: dict, meta: dict) -> None:
     save_expert(Path(run_dir) / CHAIN_DIR, {s: tuned[s] for s in plan}, {**meta, "plan": list(plan)})
 
 
+def with_chain(run_dir: Path, chain: dict, experts: dict) -> dict:
+    """`experts` (skill -> expert) with the chain's tuned experts in place of the skills' own once the
+    run's chain fine-tuning (`chain`, the state file's record) is done; the chain's target joins them,
+    even one that failed as a skill."""
+    if chain.get("status") != "done":
+        return dict(experts)
+    like = next(iter(experts.values()))["actor"]
+    return {**experts, **load_chain(run_dir, chain["plan"], like)}
+
+
 def load_chain(run_dir: Path, plan: list[str], like_actor: Any) -> dict:
     """skill -> {"actor": tuned actor} for the chain's `plan` (see `save_chain`)."""
     from jaxrl_hier.skills.trainer import load_expert
@@ -189,4 +196,4 @@ def load_chain(run_dir: Path, plan: list[str], like_actor: Any) -> dict:
 
 
 __all__ = ["CHAIN_DIR", "ChainEnv", "ChainParams", "ChainPolicy", "ChainState", "ChainTuner", "chain_target", "failed_experts",
-           "load_chain", "save_chain"]
+           "load_chain", "save_chain", "with_chain"]

@@ -3,6 +3,7 @@
     python -m jaxrl_hier.skills run --config configs/skills_craftax_classic.yaml --output-dir DIR [key=value ...]
     python -m jaxrl_hier.skills status DIR
     python -m jaxrl_hier.skills eval DIR [--episodes N] [--target SKILL] [--max-steps N] [--seed N] [--before-chain]
+                                         [--no-manager]
     python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
@@ -31,7 +32,7 @@ CONFIG_FILE = "config.yaml"
 # `chain_timesteps` goes on with the chain fine-tuning from its last chunk (skills.chain).
 RESUME_SAFE_KEYS = ("max_rounds", "max_wall_s", "max_retries", "stale_lock_s", "stuck_after_s", "generator",
                     "llm_base_url", "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path",
-                    "eval_episodes", "eval_gif_steps", "greedy_eval_every", "chain_timesteps")
+                    "eval_episodes", "eval_gif_steps", "greedy_eval_every", "chain_timesteps", "manager.timesteps")
 
 
 def build_catalog(config: SkillsConfig):
@@ -49,8 +50,8 @@ def build_generator(config: SkillsConfig, catalog):
     from jaxrl_hier.skills.generators import TechTreePlanner
 
     if config.generator == "planner":
-        planner = TechTreePlanner(catalog)
-        planner.targets(config.target)  # an unknown target is a config error, found now
+        planner = TechTreePlanner(catalog, config.manager.named_skills)
+        planner.targets(config.target)  # an unknown target or manager skill is a config error, found now
         return planner
     if config.generator == "openai":
         from jaxrl_hier.skills.llm_generator import OpenAIChatGenerator
@@ -77,6 +78,11 @@ def check_config(config: SkillsConfig):
     catalog.check_quantities(quantities_for(env, catalog))
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
+    for what, names in (("manager.skills", config.manager.named_skills), ("skill_budgets", config.skill_budgets)):
+        unknown = [s for s in names if s not in catalog]
+        if unknown:
+            raise ConfigError(f"{what} names {', '.join(repr(s) for s in unknown)}, not in the skill library."
+                              f"{closest(unknown[0], list(catalog.names))} The library has: {', '.join(catalog.names)}.")
     return catalog
 
 
@@ -122,6 +128,10 @@ def status_table(state: SchedulerState, report: dict | None = None) -> str:
         c = state.chain
         lines.append(f"chain fine-tuning towards {c['target']} ({', '.join(c['plan'])}): {c['status']}, "
                      f"{c['steps']:,} env steps")
+    if state.manager:
+        m = state.manager
+        lines.append(f"manager over {len(m['skills'])} skills ({', '.join(m['skills'])}): {m['status']}, "
+                     f"{m['steps']:,} env steps")
     if report:
         from jaxrl_hier.skills.composed import report_lines
 
@@ -177,7 +187,7 @@ def resume_overrides(items: list[str]) -> dict:
     overrides = parse_overrides(items)
     known = {f.name for f in dataclasses.fields(SkillsConfig)}
     for key in overrides:
-        if key not in known and key.split(".")[0] != "ppo":
+        if key not in known and key.split(".")[0] not in ("ppo", "manager"):
             raise ConfigError(f"unknown config key '{key}'.{closest(key, RESUME_SAFE_KEYS)} resume accepts "
                               f"{', '.join(RESUME_SAFE_KEYS)}.")
         if key not in RESUME_SAFE_KEYS:
@@ -231,9 +241,9 @@ def cmd_eval(args) -> int:
     report = evaluate_run(out, config, catalog, episodes=args.episodes or config.eval_episodes or 64,
                           target=args.target, max_steps=args.max_steps, seed=args.seed,
                           gif_steps=config.eval_gif_steps, include_running=args.include_running,
-                          use_chain=not args.before_chain)
+                          use_chain=not args.before_chain, use_manager=not args.no_manager)
     print(status_table(state, report))
-    print(f"report: {report_dir(out, not args.before_chain)}")
+    print(f"report: {report_dir(out, not args.before_chain, not args.no_manager and args.target is None)}")
     return 0
 
 
@@ -259,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
                     "experts as of the latest checkpoint (a run stopped before its frontier skills completed)")
     ev.add_argument("--before-chain", action="store_true", help="play the skills' own experts, not those of the "
                     "run's chain fine-tuning (report in DIR/eval_before_chain/)")
+    ev.add_argument("--no-manager", action="store_true", help="play the composed agent routed towards the target, "
+                    "not the run's learned manager (report in DIR/eval_composed/)")
     resume = sub.add_parser("resume", help="continue a run after a crash or a stop")
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")

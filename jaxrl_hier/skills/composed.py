@@ -32,74 +32,16 @@ from flax import struct
 
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
-from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
-from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask, stack_experts
+from jaxrl_hier.skills.composition import (Composition, EpisodeStats, build_composition, choose_target, episode_limit,
+                                           play_episodes, record_episode)
+from jaxrl_hier.skills.env import conditions_hold, route_to_target
+from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 EVAL_DIR = "eval"
-BEFORE_CHAIN_DIR = "eval_before_chain"  # `eval --before-chain` of a run whose chain is tuned: the skills' own experts
+BEFORE_CHAIN_DIR = "eval_before_chain"
+COMPOSED_DIR = "eval_composed"  # `eval --no-manager` of a run with a manager: the composed agent  # `eval --before-chain` of a run whose chain is tuned: the skills' own experts
 REPORT_FILE = "achievements.json"
-
-
-@struct.dataclass
-class Composition:
-    """The routed experts (plan order) and the conditions the report watches."""
-
-    plan: Conditions  # [P, C]: success conditions of the routed skills, dependencies first, the target last
-    needs: jax.Array  # bool[P + 1, P]: which routed skill directly requires which (`skills.env.route`)
-    bank: Any  # actor experts stacked on a leading [P] axis (`skills.moe` layers)
-    watch: Conditions  # [W, C]: success conditions of every completed skill
-
-
-class EpisodeStats(struct.PyTreeNode):
-    achievements: jax.Array  # bool[N, A]: the base env's achievements when the episode ended
-    episode_return: jax.Array  # float32[N]
-    length: jax.Array  # int32[N]
-    held: jax.Array  # bool[N, W]: each watched skill's conditions held at some step
-    first: jax.Array  # int32[N, W]: the step at which they first held (-1: never)
-
-
-def choose_target(library: SkillLibrary, completed: Sequence[str], target: str) -> str:
-    """The skill the composed agent is routed towards: `target` if completed; for a target not
-    completed yet, the completed skill with the longest dependency chain that leads to it; for
-    "all", or a target not proposed yet, the deepest completed skill."""
-    if not completed:
-        raise SkillError("no skill of this run has completed yet: there is no composed agent to evaluate.")
-    if target in completed:
-        return target
-    # "all", or a target not proposed yet in this run (the planner proposes as dependencies complete)
-    towards = completed if target not in library else [s for s in completed if s in library.closure(target)]
-    if not towards:
-        raise SkillError(f"none of the skills that '{target}' needs has completed yet.")
-    # longest chain first; among equals the later-completed one (completed is in completion order)
-    return max(reversed(towards), key=lambda s: len(library.closure(s)))
-
-
-def build_composition(env, library: SkillLibrary, experts: dict[str, Any], target: str) -> tuple[Composition, list[str]]:
-    """The composition routed towards `target` (a completed skill) over the completed skills in
-    `experts`; returns it with the plan's skill names."""
-    plan = [*library.closure(target), target]
-    missing = [s for s in plan if s not in experts]
-    if missing:
-        raise SkillError(f"'{target}' needs {', '.join(missing)}, which have not completed.")
-    watched = list(experts)
-    # The target is routed like its dependencies; the last row of `needs` (what the plan serves)
-    # requires the target only, so once the target holds nothing is left to do, and `actions`
-    # keeps the target's expert acting.
-    needs = env.needs(library, plan, target)
-    needs[-1] = np.arange(len(plan)) == len(plan) - 1
-    comp = Composition(plan=env.conditions([library[s] for s in plan]), needs=needs,
-                       bank=stack_experts([experts[s]["actor"] for s in plan]),
-                       watch=env.conditions([library[s] for s in watched]))
-    return jax.tree.map(jnp.asarray, comp), plan
-
-
-def episode_limit(env_params: Any) -> int:
-    """The base env's episode length: TechTree's `max_steps`, Craftax's `max_timesteps`."""
-    for name in ("max_steps", "max_timesteps", "max_steps_in_episode"):
-        if hasattr(env_params, name):
-            return int(getattr(env_params, name))
-    raise SkillError("this env's params name no episode length; pass --max-steps.")
 
 
 class ComposedAgent:
@@ -140,57 +82,8 @@ class ComposedAgent:
     def episode_frames(self, comp: Composition, key: jax.Array, max_steps: int, greedy: bool):
         """One sampled (or greedy) episode: frames [T, H, W, 3], acting plan position [T] and
         the base env's achievements [T, A] at each frame, cut at the episode's end."""
-
-        def run(key):
-            k_reset, key = jax.random.split(key)
-            obs, state = self.base.reset(k_reset, self.base_params)
-
-            def step(carry, _):
-                obs, state, key, alive = carry
-                key, k_act, k_step = jax.random.split(key, 3)
-                frame = self.base.render(state, self.base_params)
-                batch = jax.tree.map(lambda x: x[None], (obs, state))
-                action, acting = self.actions(comp, batch[0], batch[1], k_act, greedy)
-                unlocked = self.base.achievements(state)
-                obs, state, _, terminated, truncated, _ = self.base.step(k_step, state, action[0], self.base_params)
-                return (obs, state, key, alive & ~(terminated | truncated)), (frame, acting[0], unlocked, alive)
-
-            return jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)[1]
-
-        frames, acting, unlocked, alive = (np.asarray(x) for x in jax.jit(run)(key))
-        return frames[alive], acting[alive], unlocked[alive]
-
-
-def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int) -> EpisodeStats:
-    """`episodes` fresh worlds of `base` played by `act(obs [N, ...], state, key) -> actions [N]`,
-    each for one whole episode (at most `max_steps` steps; the loop stops once every episode has
-    ended). `watch(state) -> bool[N, W]` is tracked as "held at some step". Traceable (jit it)."""
-    k_reset, key = jax.random.split(key)
-    obs, state = jax.vmap(base.reset, in_axes=(0, None))(jax.random.split(k_reset, episodes), base_params)
-    held = watch(state)
-    stats = EpisodeStats(jax.vmap(base.achievements)(state), jnp.zeros(episodes), jnp.zeros(episodes, jnp.int32),
-                         held, jnp.where(held, 0, -1))
-
-    def cond(carry):
-        t, _, _, alive, _, _ = carry
-        return (t < max_steps) & alive.any()
-
-    def body(carry):
-        t, obs, state, alive, stats, key = carry
-        key, k_act, k_step = jax.random.split(key, 3)
-        action = act(obs, state, k_act)
-        obs, state, reward, terminated, truncated, _ = jax.vmap(base.step, in_axes=(0, 0, 0, None))(
-            jax.random.split(k_step, episodes), state, action, base_params)
-        # Only the first episode counts: a finished env keeps stepping, masked out.
-        held = stats.held | (alive[:, None] & watch(state))
-        stats = EpisodeStats(jnp.where(alive[:, None], jax.vmap(base.achievements)(state), stats.achievements),
-                             stats.episode_return + jnp.where(alive, reward, 0.0),
-                             stats.length + alive.astype(jnp.int32), held,
-                             jnp.where(held & ~stats.held, t + 1, stats.first))
-        return t + 1, obs, state, alive & ~(terminated | truncated), stats, key
-
-    carry = (jnp.int32(0), obs, state, jnp.ones(episodes, bool), stats, key)
-    return jax.lax.while_loop(cond, body, carry)[4]
+        return record_episode(self.base, self.base_params,
+                              lambda obs, state, k: self.actions(comp, obs, state, k, greedy), key, max_steps)
 
 
 # ---------------------------------------------------------------------------- figures
@@ -244,24 +137,31 @@ def plot_achievements(report: dict, path: Path, title: str) -> None:
 def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: Sequence[str],
                  watched: Sequence[str], *, episodes: int, max_steps: int, seed: int, gif_steps: int,
                  achievement_names: Sequence[str], achievement_rewards: Sequence[float],
-                 running: Sequence[str] = (), chain: dict | None = None, subdir: str = EVAL_DIR) -> dict:
+                 running: Sequence[str] = (), chain: dict | None = None, subdir: str = EVAL_DIR,
+                 manager: dict | None = None, labels: Sequence[str] | None = None) -> dict:
     """Evaluate greedy and sampled; write eval/achievements.json, eval/achievements.png and
-    eval/episode.gif (the GIF where the env can render). Every file goes through an atomic write."""
+    eval/episode.gif (the GIF where the env can render). Every file goes through an atomic write.
+    `agent` is a `ComposedAgent` or, with `manager` (the state file's record of the manager stage), a
+    `skills.manager.ManagedAgent`; `labels` name what its `episode_frames` reports as acting (default
+    `plan`)."""
     from jaxrl_hier.logging.episode_gif import write_annotated_gif
 
     out = Path(run_dir) / subdir
     out.mkdir(parents=True, exist_ok=True)
     key = jax.random.key(seed)
-    report: dict[str, Any] = {"target": plan[-1], "plan": list(plan), "episodes": episodes, "max_steps": max_steps,
+    report: dict[str, Any] = {"target": None if manager else plan[-1], "plan": list(plan), "episodes": episodes, "max_steps": max_steps,
                               "seed": seed, "fresh_worlds": True,
                               # skills whose experts were still training (their latest checkpoint)
                               "running": [s for s in watched if s in running],
                               # the chain fine-tuning whose experts play (skills.chain); None: the skills' own
-                              "chain": {k: chain[k] for k in ("target", "plan", "steps")} if chain else None}
+                              "chain": {k: chain[k] for k in ("target", "plan", "steps")} if chain else None,
+                              # the learned manager over these skills (skills.manager); None: the composed agent
+                              "manager": {k: manager[k] for k in ("skills", "steps")} if manager else None}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(comp, jax.random.fold_in(key, i), episodes, max_steps, mode == "greedy")
         report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
-    plot_achievements(report, out / "achievements.png", f"composed agent towards {plan[-1]}, {episodes} fresh worlds")
+    title = "managed agent" if manager else f"composed agent towards {plan[-1]}"
+    plot_achievements(report, out / "achievements.png", f"{title}, {episodes} fresh worlds")
     try:
         if not gif_steps:  # eval_gif_steps 0: no GIF
             raise NotImplementedError
@@ -271,7 +171,7 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
         report["gif"] = None
     else:
         names = [[n for n, on in zip(achievement_names, row) if on] for row in unlocked]
-        captions = [f"acting: {plan[j]}" for j in acting]
+        captions = [f"acting: {(labels or plan)[j]}" for j in acting]
         write_annotated_gif(frames, names, out / "episode.gif", captions=captions)
         report["gif"] = "episode.gif"
     atomic_write_json(out / REPORT_FILE, report)
@@ -295,6 +195,8 @@ class RunAgents(struct.PyTreeNode):
     running: tuple = struct.field(pytree_node=False, default=())  # skills in `experts` that have not completed
     # The chain fine-tuning whose tuned experts replaced the skills' own (state file's `chain`; {}: none)
     chain: dict = struct.field(pytree_node=False, default_factory=dict)
+    # The learned manager over them (state file's `manager`, done; {}: none): `skills eval` plays it
+    manager: dict = struct.field(pytree_node=False, default_factory=dict)
 
 
 def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running: bool = False,
@@ -305,8 +207,7 @@ def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running:
     its frontier skills as far as they got, not as if they had not started. When the run's chain
     fine-tuning is done (`skills.chain`) and `use_chain`, its tuned experts replace the skills' own
     for the chain's skills (its target joins them, even one that failed as a skill)."""
-    from jaxrl_hier.skills.scheduler import run_library
-    from jaxrl_hier.skills.state import load_state
+    from jaxrl_hier.skills.state import load_state, run_library
     from jaxrl_hier.skills.trainer import load_expert, skill_env_and_policy
 
     run_dir = Path(run_dir)
@@ -324,12 +225,14 @@ def load_run(run_dir: Path, config: Any, catalog: SkillLibrary, include_running:
         running = []
     chain = state.chain if use_chain and state.chain.get("status") == "done" else {}
     if chain:
-        from jaxrl_hier.skills.chain import load_chain
+        from jaxrl_hier.skills.chain import with_chain
 
-        experts.update(load_chain(run_dir, chain["plan"], like["actor"]))
+        experts = with_chain(run_dir, chain, experts)
+    # The manager was trained over the completed skills' experts, the chain's where it has them.
+    manager = state.manager if use_chain and not running and state.manager.get("status") == "done" else {}
     return RunAgents(env, base_params, run_library(state, catalog), experts,
                      ComposedAgent(env, base_params, policy.activation, config.moe_dispatch), state.target,
-                     tuple(r.name for r in running), dict(chain))
+                     tuple(r.name for r in running), dict(chain), dict(manager))
 
 
 def _running_experts(run_dir: Path, config: Any, catalog: SkillLibrary, state: Any, running: list) -> dict:
@@ -344,35 +247,58 @@ def _running_experts(run_dir: Path, config: Any, catalog: SkillLibrary, state: A
 
 def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes: int, target: str | None = None,
                  max_steps: int | None = None, seed: int | None = None, gif_steps: int = 300,
-                 include_running: bool = False, use_chain: bool = True) -> dict:
-    """Evaluate the composed agent of a run directory (its completed skills' experts, and with
+                 include_running: bool = False, use_chain: bool = True, use_manager: bool = True) -> dict:
+    """Evaluate the final agent of a run directory: its learned manager when it has one (`skills.manager`;
+    not with a `target`, `include_running` or not `use_chain`), else the composed agent (its completed skills' experts, and with
     `include_running` its running ones as of the latest checkpoint, routed towards `target`,
     default the run's) and write its report; see `write_report`."""
     run = load_run(run_dir, config, catalog, include_running, use_chain)
+    base = run.env.base
+    common = dict(episodes=episodes, max_steps=max_steps or episode_limit(run.base_params),
+                  seed=config.seed if seed is None else seed, gif_steps=gif_steps,
+                  achievement_names=tuple(base.achievement_names),
+                  achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running,
+                  chain=run.chain, subdir=report_dir(run_dir, use_chain, use_manager and target is None).name)
+    if run.manager and use_manager and target is None:
+        agent, managed = load_managed(run_dir, config, run)
+        return write_report(Path(run_dir), agent, managed, run.manager["skills"], list(run.experts),
+                            manager=run.manager, labels=agent.labels, **common)
     aim = choose_target(run.library, list(run.experts), target or run.target)
     comp, plan = build_composition(run.env, run.library, run.experts, aim)
-    base = run.env.base
-    return write_report(Path(run_dir), run.agent, comp, plan, list(run.experts), episodes=episodes,
-                        max_steps=max_steps or episode_limit(run.base_params),
-                        seed=config.seed if seed is None else seed, gif_steps=gif_steps,
-                        achievement_names=tuple(base.achievement_names),
-                        achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running,
-                        chain=run.chain, subdir=report_dir(run_dir, use_chain).name)
+    return write_report(Path(run_dir), run.agent, comp, plan, list(run.experts), **common)
 
 
-def report_dir(run_dir: Path, use_chain: bool = True) -> Path:
-    """Where `evaluate_run` writes: RUN/eval, or RUN/eval_before_chain for the skills' own experts
-    of a run whose chain fine-tuning is done (its tuned experts are what RUN/eval reports)."""
+def load_managed(run_dir: Path, config: Any, run: RunAgents):
+    """The run's learned manager (`run.manager`, done) over its experts: (`ManagedAgent`, `Managed`),
+    watching every expert's skill."""
+    from jaxrl_hier.skills.manager import ManagedAgent, ManagerTrainer, load_manager
+
+    trainer = ManagerTrainer(config, run.env, run.base_params, run.library, run.experts, run.manager["skills"])
+    agent = ManagedAgent(trainer)
+    watch = run.env.conditions([run.library[s] for s in run.experts])
+    return agent, agent.managed(trainer, load_manager(run_dir, trainer.params_like())["manager"], watch)
+
+
+def report_dir(run_dir: Path, use_chain: bool = True, use_manager: bool = True) -> Path:
+    """Where `evaluate_run` writes: RUN/eval for the run's final agent (the manager's when it has one,
+    else the composed agent's after chain fine-tuning), RUN/eval_before_chain for the skills' own
+    experts of a run whose chain is tuned, RUN/eval_composed for the composed agent of a run that
+    has a manager."""
     from jaxrl_hier.skills.state import load_state
 
-    before = not use_chain and load_state(Path(run_dir)).chain.get("status") == "done"
-    return Path(run_dir) / (BEFORE_CHAIN_DIR if before else EVAL_DIR)
+    state = load_state(Path(run_dir))
+    if not use_chain and state.chain.get("status") == "done":
+        return Path(run_dir) / BEFORE_CHAIN_DIR
+    if not use_manager and state.manager.get("status") == "done":
+        return Path(run_dir) / COMPOSED_DIR
+    return Path(run_dir) / EVAL_DIR
 
 
 def report_lines(report: dict) -> list[str]:
     """A few lines for the terminal: the figures of each mode and the rates of the routed skills."""
-    lines = [f"composed agent towards {report['target']}: {report['episodes']} fresh-world episodes of up to "
-             f"{report['max_steps']} steps"]
+    agent = (f"managed agent over {len(report['manager']['skills'])} skills" if report.get("manager")
+             else f"composed agent towards {report['target']}")
+    lines = [f"{agent}: {report['episodes']} fresh-world episodes of up to {report['max_steps']} steps"]
     if report.get("running"):
         lines[0] += f" (still training, at their latest checkpoint: {', '.join(report['running'])})"
     if report.get("chain"):
@@ -387,5 +313,5 @@ def report_lines(report: dict) -> list[str]:
 
 
 __all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
-           "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
+           "load_managed", "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
            "read_report", "report_dir", "EVAL_DIR", "REPORT_FILE"]

@@ -13,6 +13,51 @@ GENERATORS = ("planner", "openai", "local_llm")
 
 
 @dataclass(frozen=True)
+class ManagerConfig:
+    """The learned manager over the completed skills (skills.manager), trained after the skills and the
+    chain fine-tuning with the skills' PPO settings on the base env's own reward."""
+
+    timesteps: int = 0  # env steps of the manager stage (0: no manager)
+    # The skills it chooses among: "all" (every completed skill), or a list, which the planner then
+    # also proposes and the scheduler trains (with their dependencies) besides the target's chain.
+    skills: tuple[str, ...] = ("all",)
+    # An option ends when its skill's conditions hold, with the episode, or after this many base steps:
+    # a stuck option (no cow in sight) hands control back to the manager.
+    option_steps: int = 64
+    lr: float = 3e-4
+    update_epochs: int = 0  # 0: the ppo section's
+    ent_coef: float = 0.01
+    dispatch: str = "gather"  # how the experts' rows are evaluated inside an option (skills.moe)
+    greedy_experts: bool = False  # experts act greedily inside options (the manager still samples)
+
+    def validate(self) -> None:
+        if self.timesteps < 0:
+            raise ConfigError(f"'timesteps' must be >= 0 (0: no manager), got {self.timesteps}.")
+        if not self.skills:
+            raise ConfigError("'skills' is empty: list the skills the manager chooses among, or write \"all\" for "
+                              "every completed skill.")
+        if "all" in self.skills and len(self.skills) > 1:
+            raise ConfigError(f"'skills' mixes \"all\" with names ({', '.join(self.skills)}): give one or the other.")
+        if len(set(self.skills)) != len(self.skills):
+            raise ConfigError(f"'skills' names a skill twice: {', '.join(self.skills)}.")
+        if self.option_steps <= 0:
+            raise ConfigError(f"'option_steps' must be positive, got {self.option_steps}.")
+        if self.lr <= 0:
+            raise ConfigError(f"'lr' must be positive, got {self.lr}.")
+        if self.update_epochs < 0:
+            raise ConfigError(f"'update_epochs' must be >= 0 (0: the ppo section's), got {self.update_epochs}.")
+        if self.ent_coef < 0:
+            raise ConfigError(f"'ent_coef' must be >= 0, got {self.ent_coef}.")
+        if self.dispatch not in ("gather", "mask"):
+            raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
+
+    @property
+    def named_skills(self) -> tuple[str, ...]:
+        """The skills the config names (none for "all")."""
+        return () if self.skills == ("all",) else self.skills
+
+
+@dataclass(frozen=True)
 class SkillsConfig:
     env: str = "Craftax-Classic-Symbolic-v1"
     # Fields of the base env's params to override, e.g. {max_steps: 300} for TechTree: a deep skill's
@@ -32,6 +77,9 @@ class SkillsConfig:
     min_episodes: int = 64  # reached episodes (pooled over the attempt's latest rounds) before a rate counts
     max_retries: int = 1
     skill_timesteps: int = 5_000_000  # budget of env steps per attempt of one skill
+    # Per-skill budgets per attempt that replace skill_timesteps for the skills named ({eat_cow: 400000}):
+    # a cheap skill the manager needs should not be able to spend a deep skill's budget failing.
+    skill_budgets: dict = field(default_factory=dict)
     min_skill_timesteps: int = 0  # train at least this long before completing: a frozen expert that
     # barely passes the threshold caps every skill built on it, so let it improve first
     updates_per_round: int = 10  # PPO updates per compiled chunk; the scheduler acts between rounds
@@ -96,6 +144,8 @@ class SkillsConfig:
     # experts took 2.12 s with gather, 2.57 s with mask, while in the skill rounds (one trainable
     # expert, vmapped slots) mask is the faster (benchmarks/skills_chain_speed.py, skills_compile.py).
     chain_moe_dispatch: str = "gather"
+    # The learned manager (skills.manager), after the chain fine-tuning: a section of its own.
+    manager: ManagerConfig = field(default_factory=ManagerConfig)
     ppo: dict = field(default_factory=dict)  # PPOConfig fields (num_envs, lr, hidden_size, ...)
 
     def validate(self) -> None:
@@ -110,6 +160,10 @@ class SkillsConfig:
                      "max_conditions", "min_episodes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
+        for name, steps in self.skill_budgets.items():
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+                raise ConfigError(f"'skill_budgets.{name}' must be a positive integer (env steps per attempt), got "
+                                  f"{steps!r}.")
         if not 0 <= self.min_skill_timesteps <= self.skill_timesteps:
             raise ConfigError(f"'min_skill_timesteps' must lie in [0, skill_timesteps], got {self.min_skill_timesteps}.")
         if self.max_attempt_steps < 0:
@@ -186,6 +240,13 @@ class SkillsConfig:
         return dataclasses.replace(ppo, num_seeds=1, lr=self.chain_lr,
                                    update_epochs=self.chain_update_epochs or ppo.update_epochs,
                                    total_timesteps=max(self.chain_timesteps, ppo.num_envs * ppo.num_steps))
+
+    def manager_ppo_config(self):
+        """The manager stage's PPOConfig (skills.manager): the skills' PPO settings, one seed, with the
+        manager section's rate, epochs and entropy bonus, for `manager.timesteps` env steps."""
+        ppo, m = self.ppo_config(), self.manager
+        return dataclasses.replace(ppo, num_seeds=1, lr=m.lr, update_epochs=m.update_epochs or ppo.update_epochs,
+                                   ent_coef=m.ent_coef, total_timesteps=max(m.timesteps, ppo.num_envs * ppo.num_steps))
 
     @property
     def steps_per_update(self) -> int:

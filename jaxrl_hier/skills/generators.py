@@ -38,16 +38,22 @@ class Generator(Protocol):
 class TechTreePlanner:
     """Proposes skills of a known tech tree in dependency order; see the module docstring."""
 
-    def __init__(self, tree: SkillLibrary):
+    def __init__(self, tree: SkillLibrary, also: tuple[str, ...] = ()):
         self.tree = tree
+        # Skills proposed besides the target's chain (with their dependencies), after it: those the
+        # learned manager will choose among (config `manager.skills`).
+        self.also = tuple(also)
 
     def targets(self, target: str) -> tuple[str, ...]:
         if target == "all":
             return self.tree.topological_order()
-        if target not in self.tree:
-            raise SkillError(f"target '{target}' is not a skill of the planner's library "
-                             f"({', '.join(self.tree.names)}); set 'target' to one of them or 'all'.")
-        return self.tree.closure(target) + (target,)
+        out: list[str] = []
+        for name in (target, *self.also):
+            if name not in self.tree:
+                raise SkillError(f"'{name}' is not a skill of the planner's library ({', '.join(self.tree.names)}); "
+                                 "set 'target' and 'manager.skills' to skills of it (or 'all').")
+            out += [s for s in (*self.tree.closure(name), name) if s not in out]
+        return tuple(out)
 
     def propose(self, context: ProposalContext, validate: Callable[[dict], Any]) -> Any | None:
         status = {s["name"]: s["status"] for s in context.skills}

@@ -24,7 +24,6 @@ In a multi-process JAX run every process runs this loop; only process 0 writes f
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -38,11 +37,12 @@ from jaxrl_hier.logging.metrics import MetricsWriter
 from jaxrl_hier.runs import is_primary
 from jaxrl_hier.skills.generators import Generator, GeneratorUnavailable, ProposalContext, make_validator
 from jaxrl_hier.skills.spec import Skill, SkillLibrary
-from jaxrl_hier.skills.state import (STATE_FILE, RunLock, SchedulerState, SkillRecord, StateError, crash_point,
-                                     load_state, save_state)
+from jaxrl_hier.skills.state import (RunLock, SchedulerState, SkillRecord, crash_point, load_state, run_library,
+                                     save_state)
 
 log = logging.getLogger("jaxrl_hier.skills")
 CHAIN_KEY = 0x636861  # folded into the run's seed for the chain's initial key ("cha")
+MANAGER_KEY = 0x6D616E  # the same for the manager's ("man")
 
 
 class Trainer(Protocol):
@@ -203,7 +203,8 @@ class Scheduler:
         self._save()
         if self.progress:
             self.progress(self.state)
-        self._chain()
+        if self._chain():
+            self._manage()
 
     # ------------------------------------------------------------------ chain fine-tuning
     def _chain_experts(self) -> dict[str, Any]:
@@ -212,61 +213,104 @@ class Scheduler:
 
         return {**self.experts, **failed_experts(self.dir, self.state, self.trainer.load_expert)}
 
-    def _chain(self) -> None:
-        """Fine-tune the chain towards the target (config `chain_timesteps`, `skills.chain`) in chunks
-        of `updates_per_round` updates: after each, the runner's checkpoint, then the state file that
-        names it (a resume restores that chunk and deletes later ones, as for rounds). The tuned
-        experts are saved before the state says done."""
+    def _chain(self) -> bool:
+        """Fine-tune the chain towards the target (config `chain_timesteps`, `skills.chain`); False when
+        `max_wall_s` stopped it (the manager, which plays its experts, waits for a resume)."""
         from jaxrl_hier.skills.chain import CHAIN_DIR, ChainTuner, chain_target, save_chain
         from jaxrl_hier.skills.trainer import skill_env_and_policy
 
         c, chain = self.config, self.state.chain
         if not c.chain_timesteps or (chain.get("status") == "done" and chain["steps"] >= c.chain_timesteps):
-            return
+            return True
         experts = self._chain_experts()
         if not experts:
-            return
+            return True
         library = self.library()
         if not chain:
             target = chain_target(library, list(experts), c.target)
             chain.update(status="running", target=target, plan=[*library.closure(target), target], steps=0, chunk=0)
             self._save()
-        elif chain["status"] == "done":  # resumed with a larger chain_timesteps: on from the last chunk
-            chain["status"] = "running"
-            self._save()
         env, base_params, _ = skill_env_and_policy(c, self.catalog)
         tuner = ChainTuner(c, env, base_params, library, experts, chain["target"])
-        directory = self.dir / CHAIN_DIR
+        return self._run_stage("chain", chain, tuner, c.chain_timesteps, {"chain_target": chain["target"]},
+                        lambda runner: save_chain(self.dir, tuner.plan, tuner.experts(runner),
+                                                  {"target": chain["target"], "steps": chain["steps"]}),
+                        CHAIN_DIR, CHAIN_KEY, f"towards '{chain['target']}' ({', '.join(chain['plan'])})")
+
+    def _manage(self) -> None:
+        """Train the learned manager over the completed skills (config section `manager`,
+        `skills.manager`), after the chain: its experts are the chain's tuned ones where it has them."""
+        from jaxrl_hier.skills.chain import with_chain
+        from jaxrl_hier.skills.manager import MANAGER_DIR, ManagerTrainer, manager_skills, save_manager
+        from jaxrl_hier.skills.trainer import skill_env_and_policy
+
+        c, record = self.config, self.state.manager
+        if not c.manager.timesteps or (record.get("status") == "done" and record["steps"] >= c.manager.timesteps):
+            return
+        if not self.experts:
+            return
+        library = self.library()
+        experts = with_chain(self.dir, self.state.chain, self.experts)
+        if not record:
+            names = manager_skills(library, c.manager.skills, experts)
+            missing = [s for s in c.manager.named_skills if s not in names]
+            if missing:
+                log.warning("the manager leaves out %s: no expert for it or a skill it needs", ", ".join(missing))
+            if not names:
+                log.warning("no manager: none of its skills has completed")
+                return
+            record.update(status="running", skills=names, steps=0, chunk=0)
+            self._save()
+        env, base_params, _ = skill_env_and_policy(c, self.catalog)
+        trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"])
+        self._run_stage("manager", record, trainer, c.manager.timesteps,
+                        {"manager_skills": ",".join(record["skills"])},
+                        lambda runner: save_manager(self.dir, trainer.result(runner),
+                                                    {"skills": record["skills"], "steps": record["steps"]}),
+                        MANAGER_DIR, MANAGER_KEY, f"over {len(record['skills'])} skills ({', '.join(record['skills'])})")
+
+    def _run_stage(self, name: str, record: dict, tuner: Any, total: int, meta: dict, save_result: Callable,
+                   dirname: str, seed_key: int, what: str) -> bool:
+        """A PPO stage after the skills (chain fine-tuning, the manager) in chunks of
+        `updates_per_round` updates: after each, the runner's checkpoint, then the state file that
+        names it (a resume restores that chunk and deletes later ones, as for rounds). The result is
+        saved before the state says done; a resume with a larger `total` goes on from the last chunk.
+        False when `max_wall_s` stopped it."""
+        if record["status"] == "done":
+            record["status"] = "running"
+            self._save()
+        directory = self.dir / dirname
         ckpt = Checkpointer(directory / "checkpoints", keep=2, asynchronous=False)
         writer = MetricsWriter(directory, primary=self.primary)
+        c = self.config
         try:
-            runner = tuner.init(jax.random.fold_in(jax.random.key(c.seed), CHAIN_KEY))
-            ckpt.delete_newer_than(chain["chunk"] or None)  # a chunk saved after the state file: redone
-            if chain["chunk"]:
-                runner, _ = ckpt.restore(chain["chunk"], runner, {"chain_target": chain["target"]})
-            writer.truncate_after(chain["chunk"])
-            log.info("chain fine-tuning towards '%s' (%s) from %d of %d env steps", chain["target"],
-                     ", ".join(chain["plan"]), chain["steps"], c.chain_timesteps)
-            while chain["steps"] < c.chain_timesteps:
+            runner = tuner.init(jax.random.fold_in(jax.random.key(c.seed), seed_key))
+            ckpt.delete_newer_than(record["chunk"] or None)  # a chunk saved after the state file: redone
+            if record["chunk"]:
+                runner, _ = ckpt.restore(record["chunk"], runner, meta)
+            writer.truncate_after(record["chunk"])
+            log.info("%s %s from %d of %d env steps", name, what, record["steps"], total)
+            while record["steps"] < total:
                 if c.max_wall_s and self.clock() - self._run_started >= c.max_wall_s:
-                    log.info("stopped after max_wall_s=%.0f s in chain fine-tuning at %d env steps; resume to go on",
-                             c.max_wall_s, chain["steps"])
-                    return
-                self.lock.doing(f"chain fine-tuning chunk {chain['chunk'] + 1}")
-                runner, record, elapsed = tuner.train(runner)
-                chain["chunk"] += 1
-                chain["steps"] += tuner.steps_per_chunk
+                    log.info("stopped after max_wall_s=%.0f s in the %s stage at %d env steps; resume to go on",
+                             c.max_wall_s, name, record["steps"])
+                    return False
+                self.lock.doing(f"{name} chunk {record['chunk'] + 1}")
+                runner, metrics, elapsed = tuner.train(runner)
+                record["chunk"] += 1
+                record["steps"] += tuner.steps_per_chunk
                 if self.primary:
-                    self.lock.progress(self.state.round, f"chain chunk {chain['chunk']}", "saving the chain")
-                writer.write({**record, "update": chain["chunk"], "env_steps": chain["steps"], "wall_s": elapsed})
-                ckpt.save(chain["chunk"], runner, {"chain_target": chain["target"]})
-                crash_point("chain.checkpoint_saved")
+                    self.lock.progress(self.state.round, f"{name} chunk {record['chunk']}", f"saving the {name}")
+                writer.write({**metrics, "update": record["chunk"], "env_steps": record["steps"], "wall_s": elapsed})
+                ckpt.save(record["chunk"], runner, meta)
+                crash_point(f"{name}.checkpoint_saved")
                 self._save()
-            save_chain(self.dir, tuner.plan, tuner.experts(runner), {"target": chain["target"], "steps": chain["steps"]})
-            crash_point("chain.experts_saved")
-            chain["status"] = "done"
+            save_result(runner)
+            crash_point(f"{name}.result_saved")
+            record["status"] = "done"
             self._save()
-            log.info("chain fine-tuning done: %d env steps", chain["steps"])
+            log.info("%s stage done: %d env steps", name, record["steps"])
+            return True
         finally:
             writer.close()
             ckpt.close()
@@ -342,10 +386,12 @@ class Scheduler:
                  self.config.fresh_success_rate_threshold)
 
     def _budget(self, r: SkillRecord) -> int:
-        """Env steps per attempt: the proposal's `max_timesteps` when it asked for fewer than
-        `skill_timesteps` (the ceiling the config pays for), never below `min_skill_timesteps`."""
+        """Env steps per attempt: the skill's own `skill_budgets` entry or `skill_timesteps` (the ceiling
+        the config pays for), or the proposal's `max_timesteps` when it asked for fewer, never below
+        `min_skill_timesteps`."""
         c = self.config
-        steps = c.skill_timesteps if r.max_timesteps is None else min(r.max_timesteps, c.skill_timesteps)
+        ceiling = c.skill_budgets.get(r.name, c.skill_timesteps)
+        steps = ceiling if r.max_timesteps is None else min(r.max_timesteps, ceiling)
         return max(steps, c.min_skill_timesteps)
 
     def _complete(self, r: SkillRecord) -> None:
@@ -470,24 +516,6 @@ def _start_key(seed: int, n: int) -> jax.Array:
     """The key of the n-th round's skill starts: one compiled call, not two eager ops (issue 30: a
     start-up hang sat in an eager op; a skill start now dispatches only compiled programs)."""
     return jax.random.fold_in(jax.random.key(seed), n)
-
-
-def run_library(state: SchedulerState, catalog: SkillLibrary) -> SkillLibrary:
-    """Every skill proposed in a run, as Skill objects (Python predicates taken from `catalog`)."""
-    return SkillLibrary(tuple(_skill(r, catalog) for r in state.skills))
-
-
-def _skill(r: SkillRecord, catalog: SkillLibrary) -> Skill:
-    if r.name in catalog and catalog[r.name].to_dict() == r.spec:
-        return catalog[r.name]
-    if "predicate" in r.spec:
-        raise StateError(f"skill '{r.name}' uses the Python predicate {r.spec['predicate']}, which the library "
-                         "passed to this run does not define; pass the same library as the run that proposed it.")
-    return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
-
-
-def read_spec(directory: Path) -> dict:
-    return json.loads((directory / "spec.json").read_text())
 
 
 def _window(window: list, res: Any, min_episodes: int) -> list:

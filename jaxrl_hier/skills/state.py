@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json
 from jaxrl_hier.runs import is_primary
+from jaxrl_hier.skills.spec import Skill, SkillLibrary
 
 STATE_FILE = "scheduler_state.json"
 PREV_FILE = "scheduler_state.prev.json"
@@ -121,6 +122,9 @@ class SchedulerState:
     # Chain fine-tuning (skills.chain) after the skills: status "" (not begun) | running | done, its
     # target and plan, env steps and chunks done, and the chunk whose checkpoint matches them.
     chain: dict = field(default_factory=dict)
+    # The learned manager (skills.manager) after the chain: status "" | running | done, the skills it
+    # chooses among, env steps and chunks done (the chunk whose checkpoint matches them).
+    manager: dict = field(default_factory=dict)
     version: int = 1
 
     def record(self, name: str) -> SkillRecord:
@@ -362,3 +366,22 @@ class RunLock:
         with self._mutex():
             if self._mine(self._read()):
                 self.path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------- the run's skills
+def run_library(state: SchedulerState, catalog: SkillLibrary) -> SkillLibrary:
+    """Every skill proposed in a run, as Skill objects (Python predicates taken from `catalog`)."""
+    return SkillLibrary(tuple(_skill(r, catalog) for r in state.skills))
+
+
+def _skill(r: SkillRecord, catalog: SkillLibrary) -> Skill:
+    if r.name in catalog and catalog[r.name].to_dict() == r.spec:
+        return catalog[r.name]
+    if "predicate" in r.spec:
+        raise StateError(f"skill '{r.name}' uses the Python predicate {r.spec['predicate']}, which the library "
+                         "passed to this run does not define; pass the same library as the run that proposed it.")
+    return Skill.from_dict(r.spec, source=f"{STATE_FILE} skill '{r.name}'")
+
+
+def read_spec(directory: Path) -> dict:
+    return json.loads((directory / "spec.json").read_text())

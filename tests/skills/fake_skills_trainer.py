@@ -28,7 +28,7 @@ from jaxrl_hier.skills.config import skills_config_from_dict
 from jaxrl_hier.skills.generators import GeneratorUnavailable, TechTreePlanner
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.scheduler import Scheduler
-from jaxrl_hier.skills.trainer import RoundResult, quantities_for
+from jaxrl_hier.skills.trainer import RoundResult, load_expert, quantities_for, save_expert, skill_env_and_policy
 
 CHILD_LEARN_ROUNDS = 3  # the command line's trainer: skills run over several checkpoints
 BLOCK_ENV = "FAKE_SKILLS_BLOCK_ROUND"
@@ -182,3 +182,22 @@ if __name__ == "__main__":
     state = run(Path(out), FakeTrainer(learn_rounds=CHILD_LEARN_ROUNDS, round_hook=hook), resume="--resume" in rest,
                 **overrides)
     print(json.dumps({r.name: r.status for r in state.skills}))
+
+
+class ExpertTrainer(FakeTrainer):
+    """The fake trainer's scripted rates, with experts of the real policy's shapes saved for real."""
+
+    def __init__(self, cfg, **kw):
+        super().__init__(**kw)
+        env, base_params, self.policy = skill_env_and_policy(cfg, techtree_library())
+        self.obs_dim = int(np.prod(env.base.observation_space(base_params).shape))
+
+    def expert(self, slot):
+        seed = sum(map(ord, self.slot_skill[slot]))  # a different expert per skill, the same every run
+        return jax.tree.map(np.asarray, self.policy.init_expert(jax.random.key(seed), self.obs_dim))
+
+    def save_expert(self, directory, expert, meta):
+        save_expert(directory, expert, meta)
+
+    def load_expert(self, directory):
+        return load_expert(directory, self.policy.expert_zeros(self.obs_dim))

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from fake_skills_trainer import Crash, FakeTrainer, RecordingPlanner, config
+from fake_skills_trainer import Crash, ExpertTrainer, RecordingPlanner, config
 
 from jaxrl_hier.logging.metrics import read_jsonl
 from jaxrl_hier.skills.cli import status_table, target_reached
@@ -21,30 +21,11 @@ from jaxrl_hier.skills.composed import build_composition, evaluate_run
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.scheduler import Scheduler
 from jaxrl_hier.skills.state import SchedulerState, SkillRecord, load_state
-from jaxrl_hier.skills.trainer import load_expert, save_expert, skill_env_and_policy
+from jaxrl_hier.skills.trainer import skill_env_and_policy
 
 TINY = dict(target="make_wood_pickaxe", max_experts=4, updates_per_round=2, chain_timesteps=192, chain_lr=1e-3,
             eval_episodes=0, ppo={"num_envs": 8, "num_steps": 4, "num_minibatches": 2, "update_epochs": 1,
                                   "hidden_size": 8, "num_layers": 1})
-
-
-class ExpertTrainer(FakeTrainer):
-    """The fake trainer's scripted rates, with experts of the real policy's shapes saved for real."""
-
-    def __init__(self, cfg, **kw):
-        super().__init__(**kw)
-        env, base_params, self.policy = skill_env_and_policy(cfg, techtree_library())
-        self.obs_dim = int(np.prod(env.base.observation_space(base_params).shape))
-
-    def expert(self, slot):
-        seed = sum(map(ord, self.slot_skill[slot]))  # a different expert per skill, the same every run
-        return jax.tree.map(np.asarray, self.policy.init_expert(jax.random.key(seed), self.obs_dim))
-
-    def save_expert(self, directory, expert, meta):
-        save_expert(directory, expert, meta)
-
-    def load_expert(self, directory):
-        return load_expert(directory, self.policy.expert_zeros(self.obs_dim))
 
 
 def run_chain(out, resume=False, **kw):
@@ -147,7 +128,7 @@ def test_the_phase_runs_after_the_skills_and_eval_plays_its_experts(reference):
 
 # The phase's two windows: a chunk's checkpoint saved, the state still naming the chunk before; the
 # tuned experts saved, the state not yet saying done. (The state file's own window is the scheduler's.)
-@pytest.mark.parametrize("point", ["chain.checkpoint_saved:2", "chain.experts_saved:1"])
+@pytest.mark.parametrize("point", ["chain.checkpoint_saved:2", "chain.result_saved:1"])
 def test_a_kill_in_the_phase_then_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch, reference, point):
     ref_out, ref_state, _ = reference
     name, _, nth = point.partition(":")

@@ -1,0 +1,345 @@
+"""The learned manager: a policy over the completed skills, trained with PPO on the base env's reward.
+
+The composed agent (`skills.composed`) routes one fixed chain towards one target. The manager
+instead chooses, among every completed skill of the run (config section `manager`), which skill
+acts next, and learns that choice from the base env's own reward (on Craftax every achievement and
+the health terms), so the agent can also eat, drink and sleep between the steps of its chain.
+
+Design: options (Sutton, Precup and Singh 1999) with frozen experts.
+- An option is a completed skill S. It may start where S's success conditions do not hold (its
+  initiation set); it acts by routing S's closure exactly as the composed agent routes a chain
+  towards S (`skills.env.route`: the first dependency still to be done acts, then S's own expert),
+  so an option resumes wherever its chain stands; it ends when S's conditions hold, after
+  `option_steps` base steps (the cap, so a stuck option hands control back), or with the episode.
+  Where no option may start (every skill holds), every option may.
+- The manager is trained at the base step rate as an ordinary PPO agent of a `ManagerEnv`, whose
+  state carries the running option. Between options the action mask is the initiation set; while
+  an option runs the mask holds that option alone, so the manager's log-probability there is 0 and
+  those steps carry no policy gradient: only decisions are learned, and with the per-step discount
+  a decision's return is the option's rewards discounted over its duration, sum_i gamma^i r_i, plus
+  gamma^k times the value where the next decision falls (the semi-MDP return over an option of k
+  steps). Its value function sees the running option too, so GAE's bootstraps inside an option
+  are the values of the augmented state.
+- The experts are frozen (a `experts` variable collection, never seen by the optimiser): the
+  manager's PPO update runs the manager's network only. An expert acts inside the sampled
+  action: the manager's distribution (`OptionPolicy`) samples the option, reads the bank row of
+  the expert that option routes to (`rows`, computed by the env from the live state), and samples
+  that expert's base action through the mixture's gather dispatch; the env receives both as one
+  integer, option * A + base action.
+
+`ManagerTrainer` builds the PPO program; the scheduler runs it after chain fine-tuning, in chunks of
+`updates_per_round` updates, checkpointed like every stage, and saves the manager under
+`RUN/manager/`. `ManagedAgent` plays the result from fresh worlds for `skills eval`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxrl_hier.envs.base import Environment
+from jaxrl_hier.envs.spaces import Discrete
+from jaxrl_hier.networks.actor_critic import ACTIVATIONS
+from jaxrl_hier.skills.composition import EpisodeStats, play_episodes, record_episode
+from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply, stack_experts
+from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+
+MANAGER_DIR = "manager"
+MASKED = -1e9  # the logit of an option that may not start: finite, so entropies stay finite
+
+
+@struct.dataclass
+class Options:
+    """One row per option (a completed skill): what ends it and how it routes its closure."""
+
+    success: Conditions  # [K, C]: the skill's success conditions (termination; initiation where they fail)
+    plan: Conditions  # [K, E, C]: its dependencies' conditions, dependencies first (`skills.env.route`)
+    plan_len: jax.Array  # int32[K]: number of dependencies
+    needs: jax.Array  # bool[K, E + 1, E] (`skills.env.route`)
+    rows: jax.Array  # int32[K, E + 1]: bank row of each plan position; position plan_len is the skill itself
+
+
+@struct.dataclass
+class ManagerParams:
+    base: Any
+    options: Options
+    option_steps: jax.Array  # int32: an option ends after this many base steps
+
+
+@struct.dataclass
+class ManagerState:
+    base: Any
+    option: jax.Array  # int32: the running option, -1 between options
+    steps: jax.Array  # int32: base steps the running option has taken
+
+
+def option_bank_names(library: SkillLibrary, names: Sequence[str]) -> list[str]:
+    """The experts the options need: each option's closure and the skill itself, each once."""
+    out: list[str] = []
+    for name in names:
+        for skill in (*library.closure(name), name):
+            if skill not in out:
+                out.append(skill)
+    return out
+
+
+def build_options(skill_env: Any, library: SkillLibrary, names: Sequence[str], bank_names: Sequence[str]) -> Options:
+    """Host arrays of the options `names` over the expert bank `bank_names` (`option_bank_names`)."""
+    if not names:
+        raise SkillError("the manager has no skills to choose from.")
+    rows = []
+    params = [skill_env.skill_params(library, n) for n in names]
+    for name, p in zip(names, params):
+        plan = list(library.closure(name))
+        own = bank_names.index(name)
+        rows.append([bank_names.index(d) for d in plan] + [own] * (skill_env.max_experts + 1 - len(plan)))
+    stack = lambda *xs: np.stack([np.asarray(x) for x in xs])  # noqa: E731
+    return Options(success=jax.tree.map(stack, *[p.success for p in params]),
+                   plan=jax.tree.map(stack, *[p.plan for p in params]),
+                   plan_len=np.array([p.plan_len for p in params], np.int32),
+                   needs=np.stack([p.needs for p in params]), rows=np.array(rows, np.int32))
+
+
+def option_holds(q: jax.Array, options: Options) -> jax.Array:
+    """bool[K]: each option's skill conditions hold for the quantity vector `q`."""
+    return jax.vmap(conditions_hold, in_axes=(None, 0))(q, options.success)
+
+
+def acting_rows(q: jax.Array, options: Options) -> jax.Array:
+    """int32[K]: the bank row of the expert each option would run now (its route, `skills.env.route`)."""
+    position = jax.vmap(route, in_axes=(None, 0, 0, 0))(q, options.plan, options.plan_len, options.needs)
+    return jnp.take_along_axis(options.rows, position[:, None], axis=1)[:, 0]
+
+
+class ManagerEnv(Environment):
+    """The base env under options; an action is option * A + base action (see the module docstring)."""
+
+    def __init__(self, skill_env: Any, num_actions: int):
+        self.skill_env, self.base = skill_env, skill_env.base
+        self.num_actions = int(num_actions)
+        self.name = f"Manager({self.base.name})"
+        self.achievement_names = tuple(getattr(self.base, "achievement_names", ()))
+
+    def _observe(self, base_obs: Any, base_state: Any, option: jax.Array, params: ManagerParams) -> dict:
+        q = self.skill_env.quantities(base_state)
+        free = ~option_holds(q, params.options)
+        free = jnp.where(free.any(), free, True)  # every skill holds: any option may run
+        running = option >= 0
+        mask = jnp.where(running, jnp.arange(free.shape[0]) == option, free)
+        return {"obs": base_obs, "action_mask": mask, "rows": acting_rows(q, params.options), "running": running}
+
+    def reset(self, key: jax.Array, params: ManagerParams):
+        base_obs, base_state = self.base.reset(key, params.base)
+        option = jnp.int32(-1)
+        return self._observe(base_obs, base_state, option, params), ManagerState(base_state, option, jnp.int32(0))
+
+    def step(self, key: jax.Array, state: ManagerState, action: jax.Array, params: ManagerParams):
+        option, base_action = action // self.num_actions, action % self.num_actions
+        base_obs, base_state, reward, terminated, truncated, info = self.base.step(key, state.base, base_action,
+                                                                                   params.base)
+        steps = jnp.where(state.option == option, state.steps, 0) + 1
+        q = self.skill_env.quantities(base_state)
+        holds = conditions_hold(q, jax.tree.map(lambda x: x[option], params.options.success))
+        ends = holds | (steps >= params.option_steps) | terminated | truncated
+        option = jnp.where(ends, -1, option).astype(jnp.int32)
+        state = ManagerState(base_state, option, jnp.where(ends, 0, steps).astype(jnp.int32))
+        return self._observe(base_obs, base_state, option, params), state, reward, terminated, truncated, info
+
+    def observation_space(self, params: ManagerParams):
+        return self.base.observation_space(params.base)
+
+    def action_space(self, params: ManagerParams):
+        return Discrete(int(params.options.plan_len.shape[0]) * self.num_actions)
+
+    def achievements(self, state: ManagerState) -> jax.Array:
+        return self.base.achievements(state.base)
+
+    def render(self, state: ManagerState, params: ManagerParams) -> jax.Array:
+        return self.base.render(state.base, params.base)
+
+
+class OptionPolicy:
+    """The manager's distribution over options with the chosen option's expert inside `sample`.
+    `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics."""
+
+    def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable[[jax.Array], jax.Array],
+                 num_actions: int, greedy_experts: bool = False):
+        self.logits, self.rows, self.expert_logits = logits, rows, expert_logits
+        self.num_actions, self.greedy_experts = num_actions, greedy_experts
+        self.manager = distrax.Categorical(logits=logits)
+
+    def _with_expert(self, option: jax.Array, key: jax.Array | None) -> jax.Array:
+        row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
+        logits = self.expert_logits(row)
+        base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
+        return (option * self.num_actions + base).astype(jnp.int32)
+
+    def sample(self, seed: jax.Array) -> jax.Array:
+        k_option, k_expert = jax.random.split(seed)
+        return self._with_expert(self.manager.sample(seed=k_option), None if self.greedy_experts else k_expert)
+
+    def mode(self) -> jax.Array:
+        """The manager's likeliest option, its expert's likeliest action."""
+        return self._with_expert(jnp.argmax(self.logits, axis=-1), None)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        return self.manager.log_prob(action // self.num_actions)
+
+    def entropy(self) -> jax.Array:
+        return self.manager.entropy()
+
+
+class ManagerPolicy:
+    """Manager actor and critic MLPs over [observation, action mask, running]; the frozen expert bank
+    in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`."""
+
+    def __init__(self, bank: Any, num_options: int, num_actions: int, hidden_size: int, num_layers: int,
+                 activation: str, dispatch: str = "gather", greedy_experts: bool = False):
+        self.bank, self.num_options, self.num_actions = bank, num_options, num_actions
+        self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
+        self.dispatch, self.greedy_experts = dispatch, greedy_experts
+
+    def init(self, key: jax.Array, obs: dict) -> dict:
+        din = int(np.prod(obs["obs"].shape[1:])) + self.num_options + 1
+        k_actor, k_critic = jax.random.split(key)
+        hidden = [self.hidden_size] * self.num_layers
+        return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_options], 0.01),
+                           "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)},
+                "experts": {"actor": jax.tree.map(jnp.asarray, self.bank)}}
+
+    def apply(self, variables: dict, obs: dict):
+        act = ACTIVATIONS[self.activation]
+        params, bank = variables["params"], variables["experts"]["actor"]
+        x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
+        mask = obs["action_mask"]
+        features = jnp.concatenate([x, mask.astype(x.dtype), obs["running"][:, None].astype(x.dtype)], axis=-1)
+        logits = jnp.where(mask, mlp_apply(params["actor"], features, act), MASKED)
+        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        expert_logits = lambda rows: mix(bank, x, rows, act)  # noqa: E731  (run only when an action is sampled)
+        value = mlp_apply(params["critic"], features, act)[:, 0]
+        return OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.greedy_experts), value
+
+
+def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) -> list[str]:
+    """The options of a run: `wanted` ("all": every skill with an expert, in library order) among the
+    skills that have an expert for themselves and their whole closure."""
+    usable = [s for s in library.names if s in experts and all(d in experts for d in library.closure(s))]
+    return usable if tuple(wanted) == ("all",) else [s for s in wanted if s in usable]
+
+
+class ManagerTrainer:
+    """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees)."""
+
+    def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
+                 names: Sequence[str]):
+        from jaxrl_hier.algorithms.ppo import make_train
+
+        self.config, self.names = config, list(names)
+        self.bank_names = option_bank_names(library, self.names)
+        options = build_options(skill_env, library, self.names, self.bank_names)
+        ppo = config.manager_ppo_config()
+        num_actions = int(skill_env.base.action_space(base_params).n)
+        self.env = ManagerEnv(skill_env, num_actions)
+        self.params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
+        self.policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
+                                    num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
+                                    config.manager.dispatch, config.manager.greedy_experts)
+        self.ppo = make_train(ppo, env=self.env, env_params=self.params, network=self.policy)
+        self.steps_per_chunk = config.updates_per_round * config.steps_per_update
+
+    def init(self, key: jax.Array) -> Any:
+        return self.ppo.init(key)
+
+    def train(self, runner: Any) -> tuple[Any, dict, float]:
+        """One chunk of `updates_per_round` updates: (runner, metrics record, seconds)."""
+        from jaxrl_hier.algorithms.ppo import train_chunk
+
+        return train_chunk(self.ppo, runner, self.config.updates_per_round)
+
+    def params_like(self) -> dict:
+        """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""
+        obs = jax.eval_shape(lambda k: self.env.reset(k, self.params)[0], jax.random.key(0))
+        batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), obs)
+        shapes = jax.eval_shape(lambda k, o: self.policy.init(k, o)["params"], jax.random.key(0), batch)
+        return {"manager": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)}
+
+    def result(self, runner: Any) -> dict:
+        """The manager's own parameters (host arrays), for `save_manager`."""
+        return {"manager": jax.tree.map(lambda x: np.asarray(x[0]), runner.train_state.params)}
+
+
+def save_manager(run_dir: Path, params: dict, meta: dict) -> None:
+    """The trained manager under RUN/manager/expert (one Orbax checkpoint, finalised atomically)."""
+    from jaxrl_hier.skills.trainer import save_expert
+
+    save_expert(Path(run_dir) / MANAGER_DIR, params, meta)
+
+
+def load_manager(run_dir: Path, like: dict) -> dict:
+    from jaxrl_hier.skills.trainer import load_expert
+
+    return load_expert(Path(run_dir) / MANAGER_DIR, like)
+
+
+@struct.dataclass
+class Managed:
+    """What `ManagedAgent` plays: the env params with the options, the manager's parameters and the
+    expert bank, and the conditions the report watches."""
+
+    params: ManagerParams
+    variables: dict  # {"params": manager actor and critic, "experts": {"actor": bank}}
+    watch: Conditions  # [W, C]
+
+
+class ManagedAgent:
+    """Plays a trained manager over its experts from fresh worlds; the same interface as
+    `skills.composed.ComposedAgent` (`evaluate`, `episode_frames`), so `write_report` serves both."""
+
+    def __init__(self, trainer: ManagerTrainer):
+        self.env, self.policy = trainer.env, trainer.policy
+        self.skill_env = trainer.env.skill_env
+        self.bank_names = trainer.bank_names
+        self.labels = [f"{o} ({e})" for o in trainer.names for e in trainer.bank_names]
+        self._evaluate = jax.jit(self._play, static_argnums=(2, 3, 4))
+
+    def managed(self, trainer: ManagerTrainer, manager_params: dict, watch: Conditions) -> Managed:
+        variables = {"params": manager_params, "experts": {"actor": self.policy.bank}}
+        return jax.tree.map(jnp.asarray, Managed(trainer.params, variables, watch))
+
+    def actions(self, managed: Managed, obs: dict, key: jax.Array, greedy: bool) -> tuple[jax.Array, jax.Array]:
+        """(actions [N] for `ManagerEnv`, label index [N]: option * bank size + acting bank row)."""
+        pi, _ = self.policy.apply(managed.variables, obs)
+        action = pi.mode() if greedy else pi.sample(seed=key)
+        option = action // self.env.num_actions
+        row = jnp.take_along_axis(obs["rows"], option[:, None], axis=1)[:, 0]
+        return action, option * len(self.bank_names) + row
+
+    def held(self, managed: Managed, state: ManagerState) -> jax.Array:
+        return jax.vmap(lambda s: conditions_hold(self.skill_env.quantities(s), managed.watch))(state.base)
+
+    def _play(self, managed: Managed, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
+        def act(obs, state, k):
+            return self.actions(managed, obs, k, greedy)[0]
+
+        return play_episodes(self.env, managed.params, act, lambda state: self.held(managed, state), key, episodes,
+                             max_steps)
+
+    def evaluate(self, managed: Managed, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
+        return jax.tree.map(np.asarray, self._evaluate(managed, key, episodes, max_steps, greedy))
+
+    def episode_frames(self, managed: Managed, key: jax.Array, max_steps: int, greedy: bool):
+        """One episode's frames, label index ([T], into `labels`) and achievements, cut at its end."""
+        return record_episode(self.env, managed.params,
+                              lambda obs, state, k: self.actions(managed, obs, k, greedy), key, max_steps)
+
+
+__all__ = ["MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy", "ManagerState",
+           "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
+           "manager_skills", "option_bank_names", "option_holds", "save_manager"]

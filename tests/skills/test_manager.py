@@ -1,0 +1,247 @@
+"""The learned manager (skills.manager): option semantics on a hand-made TechTree world, the
+semi-MDP return over an option, a tiny manager stage that learns to prefer the rewarding skill,
+and the scheduler's manager stage after the skills, through a kill in each of its windows, with
+`skills eval` playing the managed agent. Bad manager configs exit 2 before anything compiles."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from fake_skills_trainer import Crash, ExpertTrainer, RecordingPlanner, config
+
+from jaxrl_hier.algorithms.gae import gae
+from jaxrl_hier.logging.metrics import read_jsonl
+from jaxrl_hier.skills import state as state_module
+from jaxrl_hier.skills.cli import main as skills_main
+from jaxrl_hier.skills.cli import status_table
+from jaxrl_hier.skills.composed import evaluate_run, read_report
+from jaxrl_hier.skills.library import techtree_library
+from jaxrl_hier.skills.manager import (MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams, ManagerTrainer,
+                                       build_options, load_manager, option_bank_names)
+from jaxrl_hier.skills.scheduler import Scheduler
+from jaxrl_hier.skills.spec import Condition, Skill, SkillLibrary
+from jaxrl_hier.skills.state import load_state
+from jaxrl_hier.skills.trainer import skill_env_and_policy
+
+PPO = {"num_envs": 8, "num_steps": 4, "num_minibatches": 2, "update_epochs": 1, "hidden_size": 8, "num_layers": 1}
+STAGE = dict(target="make_wood_pickaxe", max_experts=4, updates_per_round=2, eval_episodes=0, ppo=PPO,
+             manager={"timesteps": 192, "option_steps": 4})
+
+
+def library_with_idle() -> SkillLibrary:
+    """TechTree's library and a root skill no early episode can pass (stone needs a pickaxe)."""
+    return SkillLibrary((*techtree_library().skills,
+                         Skill("hold_stone", (), (Condition("inventory.stone", ">=", 1.0),))))
+
+
+def fixed_expert(policy, obs_dim: int, preferred: dict) -> dict:
+    """An expert whose action logits ignore the observation: `preferred` action -> logit, -5 elsewhere."""
+    actor = jax.tree.map(np.zeros_like, policy.expert_zeros(obs_dim)["actor"])
+    logits = np.full(actor[-1]["bias"].shape, -5.0, np.float32)
+    for action, value in preferred.items():
+        logits[action] = value
+    actor[-1]["bias"] = logits
+    return {"actor": actor}
+
+
+def hand_made_world(env, state):
+    """A tree right of the player, grass elsewhere."""
+    grid = jnp.zeros_like(state.base.grid).at[3, 4].set(1)
+    return state.replace(base=state.base.replace(grid=grid, pos=jnp.array([3, 3], jnp.int32)))
+
+
+def test_an_option_runs_until_its_condition_or_its_cap_and_masks_follow():
+    cfg = config(**STAGE)
+    lib = library_with_idle()
+    skill_env, base_params, _ = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table", "hold_stone"]
+    options = build_options(skill_env, lib, names, option_bank_names(lib, names))
+    env = ManagerEnv(skill_env, len(skill_env.base.action_names))
+    params = ManagerParams(base_params, options, np.int32(3))
+    acts = skill_env.base.action_names
+    a = lambda option, action: names.index(option) * env.num_actions + acts.index(action)  # noqa: E731
+    obs, state = env.reset(jax.random.key(0), params)
+    state = hand_made_world(env, state)
+    obs = env._observe(None, state.base, state.option, params)
+    # between options: every option whose skill does not hold may start; routing: place_table's
+    # option acts through collect_wood's expert (bank row 0) while there is no wood
+    assert obs["action_mask"].tolist() == [True, True, True] and not obs["running"]
+    assert obs["rows"].tolist() == [0, 0, 2]
+    step = jax.jit(env.step)
+    obs, state, *_ = step(jax.random.key(1), state, a("collect_wood", "noop"), params)
+    assert int(state.option) == 0 and int(state.steps) == 1
+    assert obs["action_mask"].tolist() == [True, False, False] and obs["running"]  # the running option alone
+    obs, state, reward, *_ = step(jax.random.key(2), state, a("collect_wood", "do"), params)
+    # wood held: the option ends; collect_wood may no longer start, and place_table now routes to its own expert
+    assert float(reward) == 1.0 and int(state.option) == -1 and int(state.steps) == 0
+    assert obs["action_mask"].tolist() == [False, True, True] and obs["rows"].tolist() == [0, 1, 2]
+    for i in range(3):  # hold_stone cannot pass here: its cap (3 steps) ends it
+        assert obs["action_mask"].tolist() == ([False, True, True] if i == 0 else [False, False, True])
+        obs, state, *_ = step(jax.random.key(3 + i), state, a("hold_stone", "noop"), params)
+    assert int(state.option) == -1 and obs["action_mask"].tolist() == [False, True, True]
+
+
+def test_every_skill_holding_lets_every_option_start():
+    cfg = config(**STAGE)
+    lib = techtree_library()
+    skill_env, base_params, _ = skill_env_and_policy(cfg, lib)
+    options = build_options(skill_env, lib, ["collect_wood"], ["collect_wood"])
+    env = ManagerEnv(skill_env, len(skill_env.base.action_names))
+    params = ManagerParams(base_params, options, np.int32(3))
+    _, state = env.reset(jax.random.key(0), params)
+    inventory = state.base.inventory.at[0].set(2)  # wood held: the only option's skill holds
+    obs = env._observe(None, state.base.replace(inventory=inventory), jnp.int32(-1), params)
+    assert obs["action_mask"].tolist() == [True]
+
+
+def test_forced_steps_carry_no_gradient_and_a_decision_gets_the_option_return_discounted_over_its_length():
+    """Inside an option the mask holds one option: log-prob and entropy 0, no policy gradient.
+    With GAE's lambda = 1 the decision's target is the option's rewards discounted step by step
+    plus gamma^k times the value where the next decision falls: the semi-MDP return."""
+    cfg = config(**STAGE)
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table"]
+    bank_names = option_bank_names(lib, names)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: fixed_expert(policy, obs_dim, {0: 0.0}) for s in bank_names}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
+    obs = jax.tree.map(lambda x: x[None], trainer.env.reset(jax.random.key(1), trainer.params)[0])
+    variables = trainer.policy.init(jax.random.key(0), obs)
+    forced = {**obs, "action_mask": jnp.array([[False, True]]), "running": jnp.array([True])}
+
+    def logp(params, o):
+        pi, _ = trainer.policy.apply({**variables, "params": params}, o)
+        return pi.log_prob(jnp.array([1 * trainer.env.num_actions + 3]))[0], pi.entropy()[0]
+
+    lp, ent = logp(variables["params"], forced)
+    grad = jax.grad(lambda p: logp(p, forced)[0])(variables["params"])
+    assert float(lp) == 0.0 and float(ent) == 0.0
+    assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(grad["actor"]))
+    free_grad = jax.grad(lambda p: logp(p, obs)[0])(variables["params"])
+    assert any(float(jnp.abs(g).max()) > 0.0 for g in jax.tree.leaves(free_grad["actor"]))
+
+    gamma, k = 0.9, 4  # one option of 4 steps, then the next decision with value 2.0
+    rewards = jnp.array([0.0, 1.0, 0.0, 0.5])
+    values = jnp.array([0.3, -7.0, 11.0, 0.2])  # what the critic says inside the option does not matter at lambda 1
+    zeros = jnp.zeros(k, bool)
+    adv, targets = gae(rewards, values, zeros, zeros, jnp.zeros(k), jnp.float32(2.0), gamma, 1.0)
+    smdp = sum(gamma ** i * float(r) for i, r in enumerate(rewards)) + gamma ** k * 2.0
+    assert float(targets[0]) == pytest.approx(smdp, rel=1e-6)
+
+
+def test_a_tiny_manager_learns_to_prefer_the_rewarding_skill():
+    """Two options from the first step of a TechTree episode: collect_wood, whose expert walks and
+    hits (wood: +1), and hold_stone, whose expert stands still (nothing, until its cap). The
+    manager starts indifferent and learns to choose collect_wood."""
+    lib = library_with_idle()
+    cfg = config(target="collect_wood", max_experts=4, updates_per_round=4,
+                 manager={"timesteps": 20480, "option_steps": 8, "lr": 3e-3, "skills": ["collect_wood", "hold_stone"]},
+                 ppo={**PPO, "num_envs": 32, "num_steps": 8, "update_epochs": 2, "hidden_size": 16})
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    acts = skill_env.base.action_names
+    walk_and_hit = {acts.index(a): 0.0 for a in ("up", "down", "left", "right", "do")}
+    experts = {"collect_wood": fixed_expert(policy, obs_dim, walk_and_hit),
+               "hold_stone": fixed_expert(policy, obs_dim, {acts.index("noop"): 5.0})}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood", "hold_stone"])
+    first = jax.vmap(lambda k: trainer.env.reset(k, trainer.params)[0])(jax.random.split(jax.random.key(5), 64))
+
+    def p_wood(runner) -> float:
+        params = jax.tree.map(lambda x: x[0], runner.train_state.params)
+        extra = jax.tree.map(lambda x: x[0], runner.extra_variables)
+        return float(jax.nn.softmax(trainer.ppo.apply(params, extra, first)[0].logits)[:, 0].mean())
+
+    runner = trainer.init(jax.random.key(0))
+    assert p_wood(runner) == pytest.approx(0.5, abs=0.01)
+    for _ in range(cfg.manager.timesteps // trainer.steps_per_chunk):
+        runner, _, _ = trainer.train(runner)
+    assert p_wood(runner) > 0.9
+    # played from fresh worlds (sampled: the walking expert's greedy action is one direction only), it
+    # collects wood in most episodes
+    agent = ManagedAgent(trainer)
+    managed = agent.managed(trainer, trainer.result(runner)["manager"], skill_env.conditions([lib["collect_wood"]]))
+    stats = agent.evaluate(managed, jax.random.key(1), 16, 60, False)
+    assert stats.held[:, 0].mean() >= 0.75
+
+
+# ---------------------------------------------------------------------------- the stage in a run
+def run_managed(out, resume=False, **kw):
+    cfg = config(**{**STAGE, **kw})
+    lib = techtree_library()
+    return Scheduler(cfg, out, ExpertTrainer(cfg), RecordingPlanner(lib), lib).run(resume=resume), cfg
+
+
+def manager_params(out, cfg):
+    lib = techtree_library()
+    state = load_state(out)
+    env, base_params, policy = skill_env_and_policy(cfg, lib)
+    trainer = ExpertTrainer(cfg)
+    experts = {r.name: trainer.load_expert(out / "skills" / r.dirname) for r in state.by_status("completed")}
+    manager = ManagerTrainer(cfg, env, base_params, lib, experts, state.manager["skills"])
+    return load_manager(out, manager.params_like())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("manager_reference")
+    state, cfg = run_managed(out)
+    return out, state, cfg
+
+
+def test_the_manager_stage_runs_after_the_skills_and_eval_plays_it(reference):
+    out, state, cfg = reference
+    assert [r.status for r in state.skills] == ["completed"] * 3
+    assert state.manager["status"] == "done" and state.manager["skills"] == ["collect_wood", "place_table",
+                                                                            "make_wood_pickaxe"]
+    assert state.manager["steps"] == 192 and state.manager["chunk"] == 3
+    rows = read_jsonl(out / MANAGER_DIR / "metrics.jsonl")
+    assert [r["update"] for r in rows] == [1, 2, 3] and [r["env_steps"] for r in rows] == [64, 128, 192]
+    report = evaluate_run(out, cfg, techtree_library(), episodes=2, max_steps=5, gif_steps=3)
+    assert report["manager"] == {"skills": state.manager["skills"], "steps": 192} and report["target"] is None
+    assert read_report(out)["manager"]["steps"] == 192 and (out / "eval" / "episode.gif").is_file()
+    composed = evaluate_run(out, cfg, techtree_library(), episodes=2, max_steps=5, gif_steps=0, use_manager=False)
+    assert composed["manager"] is None and (out / "eval_composed" / "achievements.json").is_file()
+    assert "manager over 3 skills" in status_table(state, report)
+
+
+@pytest.mark.parametrize("point", ["manager.checkpoint_saved:2", "manager.result_saved:1"])
+def test_a_kill_in_the_manager_stage_then_resume_gives_the_uninterrupted_result(tmp_path, monkeypatch, reference,
+                                                                                point):
+    ref_out, ref_state, cfg = reference
+    name, _, nth = point.partition(":")
+    seen = {"n": 0}
+
+    def crash(at):
+        if at == name:
+            seen["n"] += 1
+            if seen["n"] == int(nth):
+                raise Crash(at)
+
+    monkeypatch.setattr(state_module, "crash_hook", crash)
+    with pytest.raises(Crash):
+        run_managed(tmp_path)
+    assert load_state(tmp_path).manager.get("status") == "running"
+    monkeypatch.setattr(state_module, "crash_hook", lambda at: None)
+    state, _ = run_managed(tmp_path, resume=True)
+    assert state.manager == ref_state.manager
+    assert [r["update"] for r in read_jsonl(tmp_path / MANAGER_DIR / "metrics.jsonl")] == [1, 2, 3]
+    for a, b in zip(jax.tree.leaves(manager_params(tmp_path, cfg)), jax.tree.leaves(manager_params(ref_out, cfg))):
+        np.testing.assert_array_equal(a, b)  # the same numbers as the run that was never killed
+
+
+@pytest.mark.parametrize("section, message", [
+    ("manager: {timesteps: 100, skills: [collect_wood, make_wood_pikaxe]}",
+     "manager.skills names 'make_wood_pikaxe', not in the skill library. Did you mean 'make_wood_pickaxe'?"),
+    ("manager: {timesteps: 100, skills: []}", "'skills' is empty"),
+    ("skill_budgets: {collect_wod: 1000}", "skill_budgets names 'collect_wod'"),
+])
+def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"env: TechTree-v0\ntarget: collect_wood\n{section}\n")
+    assert skills_main(["run", "--config", str(path), "--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not (tmp_path / "run").exists()
