@@ -1,4 +1,4 @@
-"""Where the TechTree composed agent's chain breaks (issue 31's diagnosis), from a finished run.
+"""Where the TechTree composed agent's chain breaks, from a finished run (the diagnosis in docs/skills.md).
 
 Plays the run's composed agent (sampled) from N fresh worlds for 300 steps, then, for every
 episode, finds the first achievement of the tech tree it never unlocked and looks at the episode's

@@ -70,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
     p.add_argument("--no-curve", action="store_true",
                    help="skip the curve (the composed agent at each completion, PPO after each chunk): only the "
-                        "final agents are evaluated, so a short lease spends its time training")
+                        "final agents are evaluated, so a short GPU run spends its time training")
     p.add_argument("--include-running", action="store_true",
                    help="judge the final composed agent with the running skills' experts too (their latest "
                         "checkpoint): for a run stopped by max_rounds before its frontier skills completed")
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
                 entry["manager"][mode] = summarize(stats, names, rewards, list(run.experts))
             entry["manager"]["curve"] = [{"env_steps": budget, "achievements_per_episode":
                                           float(sum(entry["manager"]["sampled"]["achievements"].values()))}]
-        # written now too: a run killed during flat PPO (a lease's end) keeps the skills' figures
+        # written now too: a run killed during flat PPO (a GPU machine's time running out) keeps the skills' figures
         write_results(args, config, max_steps, runs + [entry], partial=True)
         entry["ppo"] = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
         runs.append(entry)

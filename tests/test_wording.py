@@ -6,7 +6,7 @@ Flagged (case-insensitive, see PATTERNS): the word "session"; an issue reference
 "this project's CPU"; internal targets ("the 1.5x target", "the 10-minute goal"); GPU "leases".
 A figure names its processor or GPU instead ("a 2-core AMD EPYC", "one H200"); a comment says why
 in terms of the code. Every offending file:line is printed. `python tests/test_wording.py` lists
-them all, PENDING paths included.
+them all.
 """
 
 from __future__ import annotations
@@ -23,16 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # Tracked files checked: these prefixes (the top-level `configs` is a link to jaxrl_hier/configs).
 SCOPE = ("README.md", "docs/", "jaxrl_hier/", "benchmarks/device/")
 SCOPE_PATTERNS = (re.compile(r"benchmarks/[^/]+\.py"),)  # benchmarks/*.py, not the results folders
-
-# Paths being rewritten right now by other changes; skipped until they land. Keep this short and
-# empty it once they have.
-PENDING = frozenset({
-    "README.md",
-    "docs/",
-    "jaxrl_hier/skills/",
-    "jaxrl_hier/configs/skills_",
-    "benchmarks/skills_",
-})
 
 PATTERNS = {
     "the word 'session'": re.compile(r"\bsessions?\b", re.IGNORECASE),
@@ -102,7 +92,7 @@ def test_patterns_flag_the_phrases_they_mean():
 
 
 def test_no_unreadable_wording():
-    files = [f for f in tracked_files() if not f.startswith(tuple(PENDING))]
+    files = tracked_files()
     assert files, "no file in scope: is this the repository root?"
     found = offenders(files)
     print("\n".join(found))

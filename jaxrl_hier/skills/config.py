@@ -114,7 +114,7 @@ class SkillsConfig:
     bank_shapes: str = "fit"
     max_rounds: int = 0  # stop after this many rounds in all (0: no limit); resume with a larger one goes on
     # Stop before the next round once this process has run this many seconds (0: no limit): a run
-    # sized by wall time ("an hour on this GPU"). Running skills stay running, as with max_rounds, and
+    # sized by wall time ("an hour on one H200"). Running skills stay running, as with max_rounds, and
     # `resume` gives the resumed process a budget of its own.
     max_wall_s: float = 0.0
     seed: int = 0

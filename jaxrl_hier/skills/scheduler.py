@@ -157,7 +157,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
-        last_round_s = None  # the previous round's wall time: a far slower one is logged (issue 30)
+        last_round_s = None  # the previous round's wall time: a far slower one is logged (a stall, or a new shape)
         while True:
             self._generate()
             self._fail_blocked()
@@ -513,8 +513,8 @@ class Scheduler:
 
 @jax.jit
 def _start_key(seed: int, n: int) -> jax.Array:
-    """The key of the n-th round's skill starts: one compiled call, not two eager ops (issue 30: a
-    start-up hang sat in an eager op; a skill start now dispatches only compiled programs)."""
+    """The key of the n-th round's skill starts: one compiled call, not two eager ops (with XLA:CPU in
+    jaxlib 0.10.2 a start-up hang sat in an eager op; a skill start now dispatches only compiled programs)."""
     return jax.random.fold_in(jax.random.key(seed), n)
 
 

@@ -14,7 +14,7 @@ Reading a lock, judging it and replacing it happen under an exclusive `flock` on
 `scheduler.lock.mutex`, so of two resumers that find the same stale lock exactly one wins; the
 kernel drops a flock when its holder dies, so the mutex itself can never go stale.
 
-The heartbeat says the process is alive, not that it is working (issue 30: a run hung inside an
+The heartbeat says the process is alive, not that it is working (a run once hung inside an
 XLA op for minutes while its heartbeat beat on). So the lock also holds `progress`, the time (and
 round) of the scheduler's last real step, advanced only by `RunLock.progress` after each skill
 start and each round. When it is older than `stuck_after_s` (0: off), the heartbeat thread logs an

@@ -91,7 +91,7 @@ class SkillTrainer:
         self._merge = jax.jit(_merge)
         self._swap = jax.jit(_swap_in)
         # Every slot's fresh state in one program, compiled once: stacking the slots' env params and
-        # frozen-expert banks, splitting the key and the PPO init (issue 30: a skill start was dozens
+        # frozen-expert banks, splitting the key and the PPO init (a skill start was dozens
         # of tiny eager ops, one of which hung with XLA:CPU in jaxlib 0.10.2; see `_fresh`).
         self._init_slots = jax.jit(self._init_stacked)
         # Host zeros from the expert's shapes (no dispatch): the padding rows of a bank and the restore
