@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Our PPO against Craftax_Baselines' ppo.py on one GPU, in the same process at equal work
+# (benchmarks/ppo_vs_peer.py): Craftax-Symbolic-v1 and Craftax-Classic-Symbolic-v1 at 1,024, 4,096
+# and 16,384 envs, the Craftax-1B settings (64 steps, 8 minibatches, 4 epochs, width 512), 20
+# updates per timed call after a warm-up call, compile times apart. Sized for one 15-minute lease:
+# every point's programs compile at once on the host's spare cores (COMPILE_WORKERS), and the two
+# envs go in two calls of under 10 minutes each (about 7 and 5 minutes on an H200, estimated from
+# the issue's rates, not measured):
+#
+#   bash benchmarks/device/ppo_peer_gpu.sh OUT                      # both envs (over 10 minutes: split it)
+#   ENVS=Craftax-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT
+#   ENVS=Craftax-Classic-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT   # adds to the first's JSON
+#
+# OUT receives ppo_vs_peer.{json,md,png}, xla_cache.tgz and versions.txt; the same files go to
+# benchmarks/results/<gpu>/ppo_peer/ in the tree it runs in (gpu: h100, h200, ... from nvidia-smi).
+# A call appends to the ppo_vs_peer.json already in that folder (copy the first call's files
+# there before the second call: the working tree travels).
+#
+# What the GPU machine lacks travels with the tree, in ignored folders named in the call's carry:
+# - PEER_DIR (default .peer/Craftax_Baselines): a checkout of github.com/MichaelTMatthews/Craftax_Baselines
+#   (`echo /.peer/ >> .git/info/exclude`, then clone or `git archive` it there; never committed).
+# - .whl/: wheels of craftax==1.6.1 (and pygame, its import), distrax, tfp-nightly and whatever else
+#   `python3 -c "import craftax, distrax"` misses there; benchmarks/device/setup.sh installs them.
+# - XLA_CACHE_IN: an xla_cache.tgz an earlier run brought back (same GPU kind and jax): programs load
+#   instead of compiling.
+# Variables: ENVS, NUM_ENVS ("1024 4096 16384"), NUM_STEPS (64), UPDATES (20), WIDTH (512),
+# COMPILE_WORKERS (12), REPEATS (1), GPU_NAME (from nvidia-smi), CHECK=1 (exit 1 when ours is slower),
+# TINY=1 (16 envs x 16 steps, 2 updates, width 64: a CPU-sized smoke run), DRY_RUN=1 (print the
+# commands, run nothing).
+set -uo pipefail
+out=${1:?usage: ppo_peer_gpu.sh OUT}
+envs=${ENVS:-Craftax-Symbolic-v1 Craftax-Classic-Symbolic-v1}
+peer=${PEER_DIR:-.peer/Craftax_Baselines}
+if [ -n "${TINY:-}" ]; then
+  sizes=${NUM_ENVS:-16} steps=${NUM_STEPS:-16} updates=${UPDATES:-2} width=${WIDTH:-64}
+else
+  sizes=${NUM_ENVS:-1024 4096 16384} steps=${NUM_STEPS:-64} updates=${UPDATES:-20} width=${WIDTH:-512}
+fi
+gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+  | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
+gpu=${gpu:-cpu}
+results=benchmarks/results/$gpu/ppo_peer
+cmd=(python3 benchmarks/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
+     --num-steps "$steps" --updates "$updates" --width "$width" --repeats "${REPEATS:-1}"
+     --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check})
+if [ -n "${DRY_RUN:-}" ]; then
+  echo "results: $results"
+  echo "${cmd[*]}"
+  exit 0
+fi
+mkdir -p "$out" "$results"
+[ -f "$peer/ppo.py" ] || { echo "no Craftax_Baselines checkout at $peer (PEER_DIR)"; exit 2; }
+source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
+export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
+mkdir -p "$JAX_COMPILATION_CACHE_DIR"
+if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
+  tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
+fi
+[ -f "$results/ppo_vs_peer.json" ] && cp "$results/ppo_vs_peer.json" "$out/"
+"${cmd[@]}"
+rc=$?
+cp "$out"/ppo_vs_peer.* "$results"/ 2>/dev/null
+tar czf "$out/xla_cache.tgz" -C "$JAX_COMPILATION_CACHE_DIR" . && echo "xla cache out: $(du -sh "$out/xla_cache.tgz")"
+echo "ppo_vs_peer exit code $rc; results in $out and $results"
+exit $rc

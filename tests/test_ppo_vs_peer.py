@@ -1,0 +1,117 @@
+"""benchmarks/ppo_vs_peer.py without a Craftax_Baselines checkout or the network: a fake peer directory
+written here (a `ppo.py` exposing `make_train(config)` as the real one does, importing a module beside
+it and `wandb`) runs through the same plumbing, against our PPO on CartPole at a tiny size: loading by
+path, the config dict, compile-ahead timing, records, table, plot and the --check exit code. And
+benchmarks/device/ppo_peer_gpu.sh's dry run: the commands it would run on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import ppo_vs_peer as bench  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_PPO = textwrap.dedent('''
+    import jax
+    import jax.numpy as jnp
+    import wandb  # the real ppo.py imports it at the top
+    from wrappers import work  # resolved in the peer's own directory
+
+    CONFIGS = []
+
+    def make_train(config):
+        config["NUM_UPDATES"] = config["TOTAL_TIMESTEPS"] // config["NUM_STEPS"] // config["NUM_ENVS"]
+        CONFIGS.append(dict(config))
+
+        def train(rng):
+            x = jax.random.normal(rng, (config["NUM_ENVS"], config["LAYER_SIZE"]))
+            return {"runner_state": work(x, config["NUM_UPDATES"])}
+
+        return train
+''')
+
+
+def fake_peer(tmp_path: Path, repeats_of_work: int) -> Path:
+    peer = tmp_path / f"peer{repeats_of_work}"
+    peer.mkdir()
+    (peer / "ppo.py").write_text(FAKE_PPO)
+    (peer / "wrappers.py").write_text(textwrap.dedent(f'''
+        import jax
+
+        def work(x, updates):
+            return jax.lax.fori_loop(0, updates * {repeats_of_work}, lambda i, y: jax.numpy.tanh(y * 1.0001), x)
+    '''))
+    return peer
+
+
+def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
+    """A peer that does almost nothing beats our PPO: --check exits 1; the JSON, table and plot hold
+    both systems with the device, versions, compile times and the ratio."""
+    peer = fake_peer(tmp_path, 1)
+    out = tmp_path / "out"
+    code = bench.main(["--peer-dir", str(peer), "--out", str(out), "--envs", "CartPole-v1", "--num-envs", "8",
+                       "--num-steps", "8", "--minibatches", "2", "--epochs", "1", "--width", "8", "--updates", "3",
+                       "--check", "--date", "2026-11-27", "--peer-commit", "abc123"])
+    assert code == 1
+    result = json.loads((out / "ppo_vs_peer.json").read_text())
+    assert {r["system"] for r in result["records"]} == {bench.OURS, bench.PEER}
+    for r in result["records"]:
+        assert r["steps"] == 8 * 8 * 3 and r["fps"] > 0 and r["compile_s"] > 0 and r["run_s"] > 0
+        assert r["fps_per_env"] == r["fps"] / 8
+    ours = next(r for r in result["records"] if r["system"] == bench.OURS)
+    assert ours["episodes_timed"] >= 0
+    (pair,) = result["pairs"]
+    assert pair["ratio"] < 1 and pair["ratio"] == pair["ours_fps"] / pair["peer_fps"]
+    assert result["device"]["jax"] and result["device"]["cpu_model"] and "xla_flags" in result["device"]
+    assert result["peer_commit"] == "abc123" and result["settings"]["updates"] == 3
+    table = (out / "ppo_vs_peer.md").read_text()
+    assert "| CartPole-v1 | 8 |" in table and "abc123" in table and "2026-11-27" in table
+    assert (out / "ppo_vs_peer.png").stat().st_size > 1000
+    # The peer's make_train got its own script's config: our sizes, logging off, 3 updates.
+    module = bench.load_peer(peer)
+    assert "wrappers" not in sys.modules  # the peer's modules shadow nothing afterwards
+    config = bench.peer_config("CartPole-v1", 8, result["settings"])
+    assert config["DEBUG"] is False and config["USE_WANDB"] is False and config["USE_OPTIMISTIC_RESETS"] is True
+    module.make_train(config)
+    assert module.CONFIGS[-1]["NUM_UPDATES"] == 3 and module.CONFIGS[-1]["LAYER_SIZE"] == 8
+
+
+def test_check_passes_only_when_ours_is_faster_everywhere():
+    pairs = [{"env": "A", "num_envs": 8, "ours_fps": 120.0, "peer_fps": 100.0, "ratio": 1.2},
+             {"env": "B", "num_envs": 8, "ours_fps": 90.0, "peer_fps": 100.0, "ratio": 0.9}]
+    assert bench.check(pairs[:1]) == []
+    assert len(bench.check(pairs)) == 1 and "B at 8 envs" in bench.check(pairs)[0]
+    assert len(bench.check(pairs[:1], threshold=1.5)) == 1
+
+
+def test_missing_peer_checkout_is_an_error(tmp_path):
+    try:
+        bench.load_peer(tmp_path)
+    except SystemExit as e:
+        assert "no ppo.py" in str(e)
+    else:
+        raise AssertionError("load_peer accepted a folder without ppo.py")
+
+
+def test_gpu_script_dry_run(tmp_path):
+    """The device script's commands, without running them: both envs, the three sizes, the GPU's
+    folder, the peer checkout and the compile threads; TINY=1 shrinks the sweep to a CPU-sized one."""
+    env = {**os.environ, "DRY_RUN": "1", "PEER_DIR": str(tmp_path / "peer"), "GPU_NAME": "h200"}
+    out = subprocess.run(["bash", str(ROOT / "benchmarks/device/ppo_peer_gpu.sh"), str(tmp_path / "o")],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "benchmarks/ppo_vs_peer.py" in text and "--num-envs 1024 4096 16384" in text
+    assert "Craftax-Symbolic-v1" in text and "Craftax-Classic-Symbolic-v1" in text
+    assert "benchmarks/results/h200/ppo_peer" in text and f"--peer-dir {tmp_path / 'peer'}" in text
+    assert "--num-steps 64" in text and "--updates 20" in text and "--compile-workers" in text
+    tiny = subprocess.run(["bash", str(ROOT / "benchmarks/device/ppo_peer_gpu.sh"), str(tmp_path / "o")],
+                          capture_output=True, text=True, env={**env, "TINY": "1"}, cwd=ROOT, timeout=60)
+    assert tiny.returncode == 0 and "--num-envs 16 " in tiny.stdout and "--updates 2 " in tiny.stdout
