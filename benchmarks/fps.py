@@ -18,7 +18,9 @@ Each timed call continues from the env state of the previous one. `--warmup-step
 W untimed steps so that episodes end at the policy's stationary rate: from a fresh reset almost
 no Craftax random-policy episode ends in the first ~140 steps, so the reset schemes' refills
 would not be exercised. Records carry `episodes_timed` (episodes that ended in the timed calls).
-Workloads: `env` (stepping alone) and `ppo` (the whole PPO update: rollout, GAE, epochs).
+Workloads: `env` (stepping alone) and `ppo` (the whole PPO loop: rollout, GAE, epochs; `--ppo-updates`
+updates from fresh worlds, 20 by default, timed as benchmarks/ppo_vs_peer.py does; `--peer-dir` adds
+Craftax_Baselines' ppo.py at the same work, in the same process).
 """
 
 from __future__ import annotations
@@ -150,26 +152,30 @@ def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharde
 
 
 # ---------------------------------------------------------------------------- full PPO
-def ppo(env_name: str, num_envs: int, num_steps: int, updates: int, reset_mode: str, hidden: int) -> dict:
-    from jaxrl_hier.algorithms.ppo import PPOConfig, make_train
+def ppo(env_name: str, num_envs: int, num_steps: int, updates: int, reset_mode: str, hidden: int,
+        peer_dir: Path | None = None) -> list[dict]:
+    """The whole PPO loop, as benchmarks/ppo_vs_peer.py times it: `updates` updates from fresh worlds
+    and parameters (20+, so that episodes end and resets are paid), initialisation included, compiled
+    ahead, one warm-up call, then one timed call from the same start. With `peer_dir` (a checkout of
+    Craftax_Baselines) its ppo.py runs the same work in the same process: a second record."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import ppo_vs_peer
 
-    config = PPOConfig(env=env_name, num_envs=num_envs, num_steps=num_steps, num_minibatches=8,
-                       total_timesteps=num_envs * num_steps * updates, hidden_size=hidden, num_layers=3,
-                       reset_mode=reset_mode)
-    trainer = make_train(config)
-    runner = trainer.init(jax.random.PRNGKey(0))
-    t0 = time.perf_counter()
-    fn = trainer._compiled_chunk(updates, runner)
-    compiled = fn.lower(runner).compile()
-    compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(runner))  # warm-up
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(runner))
-    run_s = time.perf_counter() - t0
-    steps = num_envs * num_steps * updates
-    return {"mode": "sharded" if jax.device_count() > 1 else "vectorized", "workload": "ppo", "num_envs": num_envs,
-            "reset_mode": reset_mode, "fps": steps / run_s, "compile_s": compile_s, "run_s": run_s, "steps": steps,
-            "devices": jax.device_count(), "num_steps": num_steps, "hidden_size": hidden}
+    s = {"num_steps": num_steps, "num_minibatches": 8, "update_epochs": 4, "width": hidden, "updates": updates,
+         "lr": 3e-4, "reset_ratio": 16}
+    if reset_mode != "pool":
+        raise ValueError("the PPO point runs pool resets (benchmarks/ppo_vs_peer.py)")
+    order = (ppo_vs_peer.OURS, ppo_vs_peer.PEER) if peer_dir else (ppo_vs_peer.OURS,)
+    module = ppo_vs_peer.load_peer(peer_dir) if peer_dir else None
+    out = []
+    for r in ppo_vs_peer.run_point(env_name, num_envs, s, module, order=order):
+        mode = "sharded" if jax.device_count() > 1 else "vectorized"
+        out.append({"mode": mode if r["system"] == ppo_vs_peer.OURS else "craftax_baselines", "workload": "ppo",
+                    "num_envs": num_envs, "reset_mode": reset_mode if r["system"] == ppo_vs_peer.OURS else "optimistic",
+                    "fps": r["fps"], "compile_s": r["compile_s"], "run_s": r["run_s"], "steps": r["steps"],
+                    "devices": jax.device_count(), "num_steps": num_steps, "hidden_size": hidden, "updates": updates,
+                    "episodes_timed": r["episodes_timed"]})
+    return out
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -222,6 +228,10 @@ def main(argv=None) -> int:
                         help="env steps run (untimed) before the vectorized timing, so that episodes end at the "
                              "policy's stationary rate (Craftax random policy: ~400)")
     parser.add_argument("--modes", nargs="*", default=None, help="override the reset schemes swept")
+    parser.add_argument("--ppo-updates", type=int, default=20,
+                        help="PPO updates per timed call, from fresh worlds (20+: episodes end, resets are paid)")
+    parser.add_argument("--peer-dir", type=Path, default=None,
+                        help="a Craftax_Baselines checkout: its ppo.py beside each PPO point (benchmarks/ppo_vs_peer.py)")
     parser.add_argument("--ppo-num-envs", type=int, nargs="*", default=None, help="override the PPO num_envs sweep")
     args = parser.parse_args(argv)
 
@@ -262,7 +272,8 @@ def main(argv=None) -> int:
         add(vectorized(args.env, max(sweep), "pool", steps, sharded=True, warmup_steps=args.warmup_steps))
     if args.workload in ("ppo", "all"):
         for n in ppo_sweep:
-            add(ppo(args.env, n, 16 if not gpu else 64, 2, "pool", args.hidden))
+            for rec in ppo(args.env, n, 16 if not gpu else 64, args.ppo_updates, "pool", args.hidden, args.peer_dir):
+                add(rec)
     print(f"wrote {args.out}/fps.json, fps.png, fps.md", file=sys.stderr)
     return 0
 

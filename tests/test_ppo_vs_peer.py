@@ -115,3 +115,24 @@ def test_gpu_script_dry_run(tmp_path):
     tiny = subprocess.run(["bash", str(ROOT / "benchmarks/device/ppo_peer_gpu.sh"), str(tmp_path / "o")],
                           capture_output=True, text=True, env={**env, "TINY": "1"}, cwd=ROOT, timeout=60)
     assert tiny.returncode == 0 and "--num-envs 16 " in tiny.stdout and "--updates 2 " in tiny.stdout
+
+
+def test_fps_ppo_point_is_the_same_measurement(monkeypatch, tmp_path):
+    """benchmarks/fps.py's PPO point goes through ppo_vs_peer.run_point (20 updates by default, the
+    peer beside it with --peer-dir) and keeps fps.json's record fields."""
+    from benchmarks import fps
+
+    seen = {}
+
+    def fake_run_point(env, n, s, module, order, **_):
+        seen.update(env=env, n=n, s=s, order=order, module=module)
+        return [{"system": system, "fps": 100.0 + i, "compile_s": 1.0, "run_s": 2.0, "steps": n * s["num_steps"] * s["updates"],
+                 "episodes_timed": None} for i, system in enumerate(order)]
+
+    monkeypatch.setattr(bench, "run_point", fake_run_point)
+    monkeypatch.setattr(bench, "load_peer", lambda d: "peer module")
+    recs = fps.ppo("Craftax-Symbolic-v1", 256, 16, 20, "pool", 512, peer_dir=tmp_path)
+    assert seen["s"]["updates"] == 20 and seen["order"] == (bench.OURS, bench.PEER) and seen["module"] == "peer module"
+    assert [r["mode"] for r in recs] == ["vectorized", "craftax_baselines"]
+    assert all(r["workload"] == "ppo" and r["steps"] == 256 * 16 * 20 and r["updates"] == 20 for r in recs)
+    assert [r["mode"] for r in fps.ppo("CartPole-v1", 8, 8, 20, "pool", 8)] == ["vectorized"]
