@@ -49,6 +49,7 @@ from pathlib import Path
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
 from jaxrl_hier.bench import cpu_ticks, device_info, steal_fraction
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 
@@ -443,6 +444,105 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
             "whole_fps": num_envs * T / whole, "compile_s": compile_s}
 
 
+def levers(env: str, num_envs: int, s: dict, log=print) -> dict:
+    """Speed levers measured on the update's dearest pieces, each against its float32 / per-leaf
+    form at the same shapes (observations random: dense matrix products take the same time on any
+    values): bf16 matrix products with float32 parameters (the parameters and observations cast
+    inside the loss, so gradients and the optimiser stay float32) for the epochs' forward+backward
+    and the rollout's forward, and the optimiser on one flat vector instead of per-leaf arrays."""
+    import optax
+
+    from jaxrl_hier.algorithms.ppo import PPOConfig, Transition, make_train
+
+    config = PPOConfig(env=env, num_envs=num_envs, num_steps=s["num_steps"], num_minibatches=s["num_minibatches"],
+                       update_epochs=s["update_epochs"], hidden_size=s["width"], num_layers=3, network="mlp",
+                       total_timesteps=num_envs * s["num_steps"] * max(s["updates"], 2), lr=s["lr"])
+    trainer = make_train(config)
+    T, N, M, E = config.num_steps, num_envs, config.num_minibatches, config.update_epochs
+    obs_dim = trainer.env.observation_space(trainer.env_params).shape[0]
+    n_actions = trainer.env.action_space(trainer.env_params).n
+    params = trainer.network.init(jax.random.PRNGKey(0), jnp.zeros((1, obs_dim)))["params"]
+    B = N * T // M
+    k = jax.random.split(jax.random.PRNGKey(1), 4)
+    mbs = (Transition((jax.random.uniform(k[0], (M, B, obs_dim)) < 0.05).astype(jnp.float32),
+                      jax.random.randint(k[1], (M, B), 0, n_actions), jnp.full((M, B), -jnp.log(n_actions)),
+                      jnp.zeros((M, B)), jnp.zeros((M, B)), jnp.zeros((M, B), bool), jnp.zeros((M, B), bool),
+                      jnp.zeros((M, B))), jax.random.normal(k[2], (M, B)), jax.random.normal(k[3], (M, B)))
+
+    def cast(tree, dtype):
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    def loss(params, traj, adv, targets, dtype):
+        traj = traj._replace(obs=traj.obs.astype(dtype))
+        log_prob, entropy, value = trainer._evaluate(cast(params, dtype), {}, traj, None)
+        from jaxrl_hier.algorithms.ppo import ppo_loss
+
+        return ppo_loss(log_prob.astype(jnp.float32), entropy.astype(jnp.float32), value.astype(jnp.float32),
+                        traj.log_prob, traj.value, adv, targets, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01)
+
+    def fwd_bwd(dtype):
+        def run(params, mbs):
+            def body(_, mb):
+                return None, jax.grad(lambda p: loss(p, *mb, dtype)[0])(params)
+
+            return jax.lax.scan(body, None, mbs)[1]
+
+        return run
+
+    def rollout_forward(dtype):
+        def run(params, obs, key):
+            def body(_, x):
+                pi, value = trainer.apply(cast(params, dtype), {}, x[0].astype(dtype))
+                a = pi.sample(seed=x[1])
+                return None, (a, pi.log_prob(a).astype(jnp.float32), value.astype(jnp.float32))
+
+            return jax.lax.scan(body, None, (obs, jax.random.split(key, T)))[1]
+
+        return run
+
+    tx = trainer.optimizer()
+
+    def optimise(flat: bool):
+        def run(params, grads):
+            if flat:
+                vec, unravel = jax.flatten_util.ravel_pytree(params)
+                gvec = jax.vmap(lambda g: jax.flatten_util.ravel_pytree(g)[0])(grads)
+                state = tx.init(vec)
+
+                def body(carry, g):
+                    p, o = carry
+                    u, o = tx.update(g, o, p)
+                    return (optax.apply_updates(p, u), o), None
+
+                return unravel(jax.lax.scan(body, (vec, state), gvec)[0][0])
+            state = tx.init(params)
+
+            def body(carry, g):
+                p, o = carry
+                u, o = tx.update(g, o, p)
+                return (optax.apply_updates(p, u), o), None
+
+            return jax.lax.scan(body, (params, state), grads)[0][0]
+
+        return run
+
+    rollout_obs = mbs[0].obs.reshape((T, N, obs_dim))
+    grads = jax.jit(fwd_bwd(jnp.float32))(params, mbs)
+    rows = []
+    for piece, fn, args, times in [
+        ("forward + backward (epochs), float32", fwd_bwd(jnp.float32), (params, mbs), E),
+        ("forward + backward (epochs), bf16 matmuls", fwd_bwd(jnp.bfloat16), (params, mbs), E),
+        ("policy forward (rollout), float32", rollout_forward(jnp.float32), (params, rollout_obs, k[0]), 1),
+        ("policy forward (rollout), bf16 matmuls", rollout_forward(jnp.bfloat16), (params, rollout_obs, k[0]), 1),
+        ("optimiser (epochs), per-leaf arrays", optimise(False), (params, grads), E),
+        ("optimiser (epochs), one flat vector", optimise(True), (params, grads), E),
+    ]:
+        c = jax.jit(fn).lower(*args).compile()
+        rows.append({"piece": piece, "s_per_update": _best(c, *args) * times})
+        log(f"  {piece:45s} {rows[-1]['s_per_update'] * 1e3:9.1f} ms")
+    return {"env": env, "num_envs": num_envs, **s, "rows": rows}
+
+
 def write_profile(result: dict, out: Path) -> None:
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
@@ -487,12 +587,34 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when ours is slower than the peer anywhere")
     parser.add_argument("--append", action="store_true", help="keep the records already in OUT/ppo_vs_peer.json")
     parser.add_argument("--profile", action="store_true", help="time the pieces of our update instead")
+    parser.add_argument("--levers", action="store_true", help="time the speed levers on the update's pieces instead")
     parser.add_argument("--profile-warmup", type=int, default=400)
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     args = parser.parse_args(argv)
     s = settings(args)
     info = device_info()
     info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
+
+    if args.levers:
+        res = []
+        for env in args.envs:
+            for n in args.num_envs:
+                print(f"levers {env} N={n}", flush=True)
+                res.append(levers(env, n, s))
+        from jaxrl_hier.io import atomic_write_json, atomic_write_text
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / "ppo_levers.json", {"levers": res, "device": info, "date": args.date})
+        lines = ["| piece | " + " | ".join(f"{r['env']} ms" for r in res) + " |", "|---|" + "---:|" * len(res)]
+        for i, row in enumerate(res[0]["rows"]):
+            lines.append(f"| {row['piece']} | " + " | ".join(f"{r['rows'][i]['s_per_update'] * 1e3:,.1f}" for r in res)
+                         + " |")
+        lines += ["", f"Per PPO update of {res[0]['num_envs']} envs x {s['num_steps']} steps ({s['update_epochs']} epochs x "
+                  f"{s['num_minibatches']} minibatches, width {s['width']}), each form compiled apart, best of 3. "
+                  f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), "
+                  f"jax {info.get('jax')}; {args.date}."]
+        atomic_write_text(args.out / "ppo_levers.md", "\n".join(lines) + "\n")
+        return 0
 
     if args.profile:
         profs = []

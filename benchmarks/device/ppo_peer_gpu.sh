@@ -24,7 +24,8 @@
 # - XLA_CACHE_IN: an xla_cache.tgz an earlier run brought back (same GPU kind and jax): programs load
 #   instead of compiling.
 # Variables: ENVS, NUM_ENVS ("1024 4096 16384"), NUM_STEPS (64), UPDATES (20), WIDTH (512),
-# COMPILE_WORKERS (12), REPEATS (1), GPU_NAME (from nvidia-smi), CHECK=1 (exit 1 when ours is slower),
+# COMPILE_WORKERS (12), REPEATS (1), GPU_NAME (from nvidia-smi), RESULTS (benchmarks/results/<gpu>/ppo_peer),
+# PYTHON (python3), CHECK=1 (exit 1 when ours is slower),
 # TINY=1 (16 envs x 16 steps, 2 updates, width 64: a CPU-sized smoke run), DRY_RUN=1 (print the
 # commands, run nothing).
 set -uo pipefail
@@ -39,8 +40,8 @@ fi
 gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
   | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
 gpu=${gpu:-cpu}
-results=benchmarks/results/$gpu/ppo_peer
-cmd=(python3 benchmarks/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
+results=${RESULTS:-benchmarks/results/$gpu/ppo_peer}
+cmd=("${PYTHON:-python3}" benchmarks/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
      --num-steps "$steps" --updates "$updates" --width "$width" --repeats "${REPEATS:-1}"
      --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check})
 if [ -n "${DRY_RUN:-}" ]; then
@@ -51,6 +52,7 @@ fi
 mkdir -p "$out" "$results"
 [ -f "$peer/ppo.py" ] || { echo "no Craftax_Baselines checkout at $peer (PEER_DIR)"; exit 2; }
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD  # jaxrl_hier from this tree
 export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
 mkdir -p "$JAX_COMPILATION_CACHE_DIR"
 if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
