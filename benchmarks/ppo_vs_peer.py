@@ -441,7 +441,7 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
     log(f"  {'sum of the pieces':42s} {total * 1e3:9.1f} ms;  whole update {whole * 1e3:.1f} ms "
         f"({num_envs * T / whole:,.0f} steps/s)")
     return {"env": env, "num_envs": num_envs, **s, "pieces": rows, "sum_s": total, "whole_update_s": whole,
-            "whole_fps": num_envs * T / whole, "compile_s": compile_s}
+            "whole_fps": num_envs * T / whole, "compile_s": compile_s, "loadavg": os.getloadavg()[0]}
 
 
 def levers(env: str, num_envs: int, s: dict, log=print) -> dict:
@@ -540,7 +540,7 @@ def levers(env: str, num_envs: int, s: dict, log=print) -> dict:
         c = jax.jit(fn).lower(*args).compile()
         rows.append({"piece": piece, "s_per_update": _best(c, *args) * times})
         log(f"  {piece:45s} {rows[-1]['s_per_update'] * 1e3:9.1f} ms")
-    return {"env": env, "num_envs": num_envs, **s, "rows": rows}
+    return {"env": env, "num_envs": num_envs, **s, "rows": rows, "loadavg": os.getloadavg()[0]}
 
 
 def write_profile(result: dict, out: Path) -> None:
@@ -564,6 +564,8 @@ def write_profile(result: dict, out: Path) -> None:
               f"(best of 3; env stepping: the mean of 8 chained calls after {result['warmup_steps']} warm-up steps). "
               f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), jax {info.get('jax')}; "
               f"{result.get('date', '')}."]
+    if result.get("note"):
+        lines.append(result["note"])
     atomic_write_text(out / "ppo_profile.md", "\n".join(lines) + "\n")
 
 
