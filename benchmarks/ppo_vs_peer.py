@@ -262,6 +262,12 @@ def check(pairs_: list[dict], threshold: float = 1.0) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- outputs
+def _load(record: dict) -> str:
+    """The 1-minute load average when the record's best call started (other jobs on the machine show here)."""
+    best = min(record.get("calls") or [{}], key=lambda c: c.get("run_s", math.inf))
+    return "n/a" if best.get("loadavg") is None else f"{best['loadavg']:.1f}"
+
+
 def write_outputs(result: dict, out: Path) -> None:
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
@@ -269,14 +275,14 @@ def write_outputs(result: dict, out: Path) -> None:
     atomic_write_json(out / "ppo_vs_peer.json", result)
     s, info = result["settings"], result["device"]
     lines = ["| env | num_envs | ours steps/s | peer steps/s | ours / peer | ours per env | peer per env | "
-             "ours compile s | peer compile s | episodes ended (ours, timed) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "ours compile s | peer compile s | episodes ended (ours, timed) | load average (ours, peer) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     by = {(r["system"], r["env"], r["num_envs"]): r for r in result["records"]}
     for p in result["pairs"]:
         o, q = by[(OURS, p["env"], p["num_envs"])], by[(PEER, p["env"], p["num_envs"])]
         lines.append(f"| {p['env']} | {p['num_envs']} | {p['ours_fps']:,.0f} | {p['peer_fps']:,.0f} | "
                      f"{p['ratio']:.2f}x | {o['fps_per_env']:.2f} | {q['fps_per_env']:.2f} | {o['compile_s']:.1f} | "
-                     f"{q['compile_s']:.1f} | {o.get('episodes_timed')} |")
+                     f"{q['compile_s']:.1f} | {o.get('episodes_timed')} | {_load(o)}, {_load(q)} |")
     lines += ["", f"Same process, equal work: {s['updates']} updates of num_envs x {s['num_steps']} steps, "
               f"{s['update_epochs']} epochs x {s['num_minibatches']} minibatches, width {s['width']} (3 layers, tanh), "
               f"from fresh worlds and parameters; each side compiled ahead, one warm-up call, then timed to "
@@ -363,6 +369,8 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
         vstate, obs, traj_obs = step_c(jax.random.PRNGKey(1000 + i), vstate, obs)
     jax.block_until_ready(vstate)
     pieces["env stepping and resets (random actions)"] = (time.perf_counter() - t0) / calls
+    log(f"    env stepping: {pieces['env stepping and resets (random actions)'] * 1e3:.1f} ms per update "
+        f"(compiled in {compile_s['env']:.0f} s)")
     runner = trainer.init(jax.random.PRNGKey(0))
     params = jax.tree.map(lambda x: x[0], runner.train_state.params)
     opt_state = jax.tree.map(lambda x: x[0], runner.train_state.opt_state)
@@ -381,6 +389,7 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
         c = jax.jit(fn).lower(*args).compile()
         compile_s[name] = time.perf_counter() - t0
         pieces[name] = _best(c, *args)
+        log(f"    {name}: {pieces[name] * 1e3:.1f} ms per call (compiled in {compile_s[name]:.0f} s)")
         return c(*args)
 
     actions, log_prob, values = timed_piece("policy forward + sampling (rollout)", policy, params, traj_obs,
