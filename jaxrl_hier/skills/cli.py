@@ -128,7 +128,9 @@ def status_table(state: SchedulerState, report: dict | None = None) -> str:
         c = state.chain
         lines.append(f"chain fine-tuning towards {c['target']} ({', '.join(c['plan'])}): {c['status']}, "
                      f"{c['steps']:,} env steps")
-    if state.manager:
+    if state.manager.get("status") == "skipped":
+        lines.append(f"manager: skipped, {state.manager['reason']}")
+    elif state.manager:
         m = state.manager
         lines.append(f"manager over {len(m['skills'])} skills ({', '.join(m['skills'])}): {m['status']}, "
                      f"{m['steps']:,} env steps")

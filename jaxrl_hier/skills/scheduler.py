@@ -245,22 +245,24 @@ class Scheduler:
         from jaxrl_hier.skills.trainer import skill_env_and_policy
 
         c, record = self.config, self.state.manager
-        if not c.manager.timesteps or (record.get("status") == "done" and record["steps"] >= c.manager.timesteps):
-            return
-        if not self.experts:
+        if not c.manager.timesteps or record.get("status") == "skipped" or (
+                record.get("status") == "done" and record["steps"] >= c.manager.timesteps):
             return
         library = self.library()
-        experts = with_chain(self.dir, self.state.chain, self.experts)
         if not record:
+            experts = with_chain(self.dir, self.state.chain, self.experts) if self.experts else {}
             names = manager_skills(library, c.manager.skills, experts)
             missing = [s for s in c.manager.named_skills if s not in names]
             if missing:
                 log.warning("the manager leaves out %s: no expert for it or a skill it needs", ", ".join(missing))
-            if not names:
+            if not names:  # the run is over (the skills and the chain are done): say so in the state
+                record.update(status="skipped", reason="none of its skills has completed")
                 log.warning("no manager: none of its skills has completed")
+                self._save()
                 return
             record.update(status="running", skills=names, steps=0, chunk=0)
             self._save()
+        experts = with_chain(self.dir, self.state.chain, self.experts)
         env, base_params, _ = skill_env_and_policy(c, self.catalog)
         trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"])
         self._run_stage("manager", record, trainer, c.manager.timesteps,
@@ -347,8 +349,10 @@ class Scheduler:
             self._complete(r)
         elif r.steps >= self._budget(r):
             rate = "n/a" if r.success_rate is None else f"{r.success_rate:.2f}"
+            short = r.success_rate is not None and r.success_rate >= threshold  # the rate, on too few episodes
             reason = (f"attempt {r.attempts}: success rate {rate}{' from fresh worlds' if r.phase else ''} "
-                      f"< {threshold} after {r.steps:,} steps")
+                      + (f"over {r.episodes} episodes, fewer than min_episodes={c.min_episodes}," if short
+                         else f"< {threshold}") + f" after {r.steps:,} steps")
             chain_tunes = self._chain_tunes(r)
             if r.attempts <= c.max_retries and not chain_tunes:
                 log.warning("skill '%s' %s; retrying from scratch", r.name, reason)

@@ -245,3 +245,14 @@ def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, m
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_whose_skills_all_failed_records_the_manager_as_skipped(tmp_path):
+    cfg = config(**STAGE, max_retries=0)
+    lib = techtree_library()
+    trainer = ExpertTrainer(cfg, never=("collect_wood",))
+    state = Scheduler(cfg, tmp_path, trainer, RecordingPlanner(lib), lib).run()
+    assert state.manager == {"status": "skipped", "reason": "none of its skills has completed"}
+    assert load_state(tmp_path).manager["status"] == "skipped"
+    assert "manager: skipped, none of its skills has completed" in status_table(state)
+    assert Scheduler(cfg, tmp_path, trainer, RecordingPlanner(lib), lib).run(resume=True).manager["status"] == "skipped"
