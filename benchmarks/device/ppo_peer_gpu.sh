@@ -2,10 +2,10 @@
 # Our PPO against Craftax_Baselines' ppo.py on one GPU, in the same process at equal work
 # (benchmarks/ppo_vs_peer.py): Craftax-Symbolic-v1 and Craftax-Classic-Symbolic-v1 at 1,024, 4,096
 # and 16,384 envs, the Craftax-1B settings (64 steps, 8 minibatches, 4 epochs, width 512), 20
-# updates per timed call after a warm-up call, compile times apart. Sized for one 15-minute lease:
+# updates per timed call after a warm-up call, compile times apart. Sized for 15 minutes of GPU time:
 # every point's programs compile at once on the host's spare cores (COMPILE_WORKERS), and the two
 # envs go in two calls of under 10 minutes each (about 7 and 5 minutes on an H200, estimated from
-# the issue's rates, not measured):
+# earlier H200 rates, not measured):
 #
 #   bash benchmarks/device/ppo_peer_gpu.sh OUT                      # both envs (over 10 minutes: split it)
 #   ENVS=Craftax-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT
