@@ -1,7 +1,7 @@
 """The Craftax-Classic skills program compiled once at a tiny size: the GPU config
 (configs/skills_craftax_classic_gpu.yaml) with its sizes cut down, a skill with a frozen dependency
-trained for one round, its restarts switched off for the fresh-world phase, and the composed agent
-played from fresh worlds. Craftax compiles slowly on a CPU (15-60 s a program), so one test holds
+trained for one round, its restarts switched off for the fresh-world phase, the composed agent
+played from fresh worlds, and a chunk of the learned manager over the two skills, played too. Craftax compiles slowly on a CPU (15-60 s a program), so one test holds
 all of it."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import ComposedAgent, build_composition, summarize
 from jaxrl_hier.skills.config import SkillsConfig, skills_config_from_dict
 from jaxrl_hier.skills.library import craftax_classic_library
+from jaxrl_hier.skills.manager import ManagedAgent, ManagerTrainer
 from jaxrl_hier.skills.trainer import SkillTrainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ TINY = {"max_parallel_skills": 1, "max_experts": 2, "updates_per_round": 1, "min
 TINY_PPO = {"num_envs": 4, "num_steps": 4, "num_minibatches": 1, "update_epochs": 1, "hidden_size": 16, "num_layers": 1}
 
 
-@pytest.mark.slow  # 85 s on 2 cores: three Craftax programs
+@pytest.mark.slow  # 85 s on 2 cores before the manager's part: four Craftax programs now
 def test_craftax_classic_skill_round_and_composed_agent_at_a_tiny_size():
     values = yaml.safe_load((ROOT / "configs" / "skills_craftax_classic_gpu.yaml").read_text())
     config = skills_config_from_dict({**values, **TINY, "ppo": {**values["ppo"], **TINY_PPO}})
@@ -51,6 +52,17 @@ def test_craftax_classic_skill_round_and_composed_agent_at_a_tiny_size():
     assert stats.achievements.shape == (2, len(base.achievement_names)) and (stats.length == 8).all()
     report = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts))
     assert report["max_return"] == 22.0 and set(report["skills"]) == {"collect_wood", "place_table"}
+
+    # The learned manager over these two skills, the GPU config's manager section at the tiny size:
+    # one chunk of PPO on Craftax's own reward, then the managed agent from fresh worlds.
+    assert "collect_wood" in config.manager.skills and config.manager.timesteps > 0
+    manager = ManagerTrainer(config, trainer.env, trainer.base_params, library, experts, plan)
+    runner, record, _ = manager.train(manager.init(jax.random.key(4)))
+    assert np.isfinite(record["loss"])
+    managed_agent = ManagedAgent(manager)
+    managed = managed_agent.managed(manager, manager.result(runner)["manager"], comp.watch)
+    stats = managed_agent.evaluate(managed, jax.random.key(5), 2, 8, greedy=False)
+    assert stats.achievements.shape == (2, len(base.achievement_names)) and (stats.length == 8).all()
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("skills_*.yaml")))
