@@ -38,6 +38,7 @@ from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import build_composition, choose_target
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
+from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 CHAIN_DIR = "chain"
@@ -140,30 +141,15 @@ def chain_target(library: SkillLibrary, available: list[str], target: str) -> st
         return choose_target(library, ok, "all")
 
 
-class ChainTuner:
+class ChainTuner(PPOStage):
     """PPO over the chain towards `target`; `experts` maps skill -> expert (`skills.moe` trees)."""
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
                  target: str):
-        from jaxrl_hier.algorithms.ppo import make_train
-        self.config = config
         comp, self.plan = build_composition(skill_env, library, experts, target)
         ppo = config.chain_ppo_config()
-        self.env = ChainEnv(skill_env)
-        self.params = ChainParams(base_params, comp.plan, comp.needs)
-        self.policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                                  config.chain_moe_dispatch)
-        self.ppo = make_train(ppo, env=self.env, env_params=self.params, network=self.policy)
-        self.steps_per_chunk = config.updates_per_round * config.steps_per_update
-
-    def init(self, key: jax.Array) -> Any:
-        return self.ppo.init(key)
-
-    def train(self, runner: Any) -> tuple[Any, dict, float]:
-        """One chunk of `updates_per_round` updates: (runner, metrics record, seconds)."""
-        from jaxrl_hier.algorithms.ppo import train_chunk
-
-        return train_chunk(self.ppo, runner, self.config.updates_per_round)
+        policy = ChainPolicy(comp.bank, ppo.hidden_size, ppo.num_layers, ppo.activation, config.chain_moe_dispatch)
+        super().__init__(config, ppo, ChainEnv(skill_env), ChainParams(base_params, comp.plan, comp.needs), policy)
 
     def experts(self, runner: Any) -> dict:
         """skill -> tuned actor (host arrays), in plan order."""

@@ -49,6 +49,7 @@ from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import EpisodeStats, play_episodes, record_episode
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply, stack_experts
+from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 MANAGER_DIR = "manager"
@@ -234,34 +235,21 @@ def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) 
     return usable if tuple(wanted) == ("all",) else [s for s in wanted if s in usable]
 
 
-class ManagerTrainer:
+class ManagerTrainer(PPOStage):
     """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees)."""
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
                  names: Sequence[str]):
-        from jaxrl_hier.algorithms.ppo import make_train
-
-        self.config, self.names = config, list(names)
+        self.names = list(names)
         self.bank_names = option_bank_names(library, self.names)
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = config.manager_ppo_config()
         num_actions = int(skill_env.base.action_space(base_params).n)
-        self.env = ManagerEnv(skill_env, num_actions)
-        self.params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
-        self.policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
-                                    num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                                    config.manager.dispatch, config.manager.greedy_experts)
-        self.ppo = make_train(ppo, env=self.env, env_params=self.params, network=self.policy)
-        self.steps_per_chunk = config.updates_per_round * config.steps_per_update
-
-    def init(self, key: jax.Array) -> Any:
-        return self.ppo.init(key)
-
-    def train(self, runner: Any) -> tuple[Any, dict, float]:
-        """One chunk of `updates_per_round` updates: (runner, metrics record, seconds)."""
-        from jaxrl_hier.algorithms.ppo import train_chunk
-
-        return train_chunk(self.ppo, runner, self.config.updates_per_round)
+        policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
+                               num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation, config.manager.dispatch,
+                               config.manager.greedy_experts)
+        super().__init__(config, ppo, ManagerEnv(skill_env, num_actions),
+                         ManagerParams(base_params, options, np.int32(config.manager.option_steps)), policy)
 
     def params_like(self) -> dict:
         """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""
