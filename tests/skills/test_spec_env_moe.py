@@ -314,23 +314,29 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
         got = jax.grad(lambda b, x: loss(gather, b, x), argnums=(0, 1))(bank, x)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
-    # And through the policy, as PPO differentiates it (log-probs of taken actions plus values).
+    # And through the policy, as PPO differentiates it: the update evaluates the new expert alone
+    # (frozen rows' log-prob and entropy 0), and its gradient must be that of the whole routed
+    # mixture, with each dispatch, as the rollout acts with it.
+    import distrax
+
     obs = {"obs": x, "expert": idx}
     actions = jax.random.randint(jax.random.fold_in(k, 3), (rows,), 0, 4)
-    grads = []
     for dispatch in ("gather", "mask"):
         pol = MoEPolicy(4, 16, 2, "tanh", experts - 1, dispatch, greedy_frozen=True)
         variables = pol.init(jax.random.key(0), obs)
         frozen = {"actor": jax.tree.map(lambda w: w[:-1], bank), "plan_len": jnp.int32(experts - 2)}
 
-        def ppo_like(params):
+        def ppo_like(params, routed):
             pi, v = pol.apply({"params": params, "experts": frozen}, obs)
-            return (pi.log_prob(actions) * weights[:, 0]).sum() + (v * weights[:, 1]).sum() + pi.entropy().sum()
+            mixture = distrax.Categorical(logits=pi.logits) if routed else pi
+            return ((mixture.log_prob(actions) * weights[:, 0]).sum() + (v * weights[:, 1]).sum()
+                    + mixture.entropy().sum())
 
-        grads.append(jax.grad(ppo_like)(variables["params"]))
-    for g, w in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
-        assert np.isfinite(np.asarray(g)).all()
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+        got, want = (jax.grad(ppo_like)(variables["params"], routed) for routed in (False, True))
+        assert float(ppo_like(variables["params"], False)) != float(ppo_like(variables["params"], True))
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            assert np.isfinite(np.asarray(g)).all()
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
 def test_pool_refill_tops_up_every_seed_along_share_axes():
