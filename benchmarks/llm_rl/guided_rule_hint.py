@@ -1,6 +1,6 @@
 """How much a two-turn run's warm-start model gains from a hint: its own guidance versus the rule's.
 
-    python benchmarks/guided_rule_hint.py RUN_DIR [--out FILE]
+    python benchmarks/llm_rl/guided_rule_hint.py RUN_DIR [--out FILE]
 
 Loads RUN_DIR/sft/model (the backbone after the warm-start; adapters at identity, so every role is
 the backbone), plays the held-out episodes of RUN_DIR/config.yaml greedily, and reports the
@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 
 def main() -> None:

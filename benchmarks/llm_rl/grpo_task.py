@@ -1,5 +1,5 @@
-"""The GRPO benchmark's task, shared by its arms (`benchmarks/grpo.py`) and the peers' minimal scripts
-(`benchmarks/grpo_minimal.py`): the prompts, the reward, the forbidden token ids, the step clock and
+"""The GRPO benchmark's task, shared by its arms (`benchmarks/llm_rl/grpo.py`) and the peers' minimal scripts
+(`benchmarks/llm_rl/grpo_minimal.py`): the prompts, the reward, the forbidden token ids, the step clock and
 Tunix's token-suppressing rollout.
 
 This module imports nothing but the standard library at import time (no JAX, no torch, nothing of

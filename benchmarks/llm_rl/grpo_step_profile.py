@@ -1,8 +1,8 @@
 """Where our GRPO step's time goes on the CPU, and what fraction of the CPU's peak FLOP/s it reaches.
 
-    python benchmarks/grpo_step_profile.py --out benchmarks/results/cpu
+    python benchmarks/llm_rl/grpo_step_profile.py --out benchmarks/results/cpu
 
-The step is `benchmarks/grpo.py`'s (`bench_ours`: the same checkpoint, 8 prompts x 4 completions of
+The step is `benchmarks/llm_rl/grpo.py`'s (`bench_ours`: the same checkpoint, 8 prompts x 4 completions of
 exactly 32 tokens, float32, the shared Python reward, one update) at each `--betas`. Per step, from
 the trainer's own clocks: sampling (`time/generation`), rewards and advantages (`time/scoring`),
 the update (`time/update`: at beta > 0 it holds the reference model's log-probs); the reference's
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def nominal_peak_gflops(cores: int) -> dict:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax.numpy as jnp
 
     import jaxrl_hier  # noqa: F401  (XLA CPU flags)
-    from benchmarks import grpo as bench
+    from benchmarks.llm_rl import grpo as bench
     from jaxrl_hier.bench import cpu_busy_fraction, cpu_count, device_info
     from jaxrl_hier.io import atomic_write_json
     from jaxrl_hier.llm import load_pretrained

@@ -10,7 +10,7 @@ together; every supported env has the quantity). Per K:
 Compile time is recorded apart (first round of each program); a round includes the trainer's
 greedy evaluation where it has one. On a GPU, K slots in one program should cost at most 1.5x one slot.
 
-    python benchmarks/skills_parallel.py --out benchmarks/results/cpu [--env TechTree-v0] [--k 1 2 4]
+    python benchmarks/skills/skills_parallel.py --out benchmarks/results/cpu [--env TechTree-v0] [--k 1 2 4]
 
 Writes `skills_parallel.json` and `skills_parallel.png`.
 """

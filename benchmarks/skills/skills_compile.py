@@ -9,7 +9,7 @@ compilation (XLA flags, the persistent compilation cache with its per-fusion aut
 bank shapes) can be compared with what they cost in run time. Shapes are compiled in the order given,
 so a cache's effect shows on the later ones.
 
-    python benchmarks/skills_compile.py --config configs/skills_craftax_classic_gpu.yaml \
+    python benchmarks/skills/skills_compile.py --config configs/skills_craftax_classic_gpu.yaml \
         --shapes 1x0 1x2 1x12 --label default --out DIR [key=value ...]
 
 `AxR`: A running skills, a bank of R frozen experts (0: a skill with no dependencies, no routing).

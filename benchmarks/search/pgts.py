@@ -1,6 +1,6 @@
 """PGTS against CoT greedy, self-consistency, best-of-N and MCTS, and search throughput.
 
-    python benchmarks/pgts.py --out benchmarks/results/cpu/pgts [--run-dir RUN] [--config configs/pgts_arithmetic.yaml]
+    python benchmarks/search/pgts.py --out benchmarks/results/cpu/pgts [--run-dir RUN] [--config configs/pgts_arithmetic.yaml]
 
 Without --run-dir the whole pipeline (`python -m jaxrl_hier.train --config ...`) first runs into
 OUT/run; with it, the finished stages of that run directory are loaded (same generator, reward
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def throughput(env, env_params, *, batch: int, steps: int, seed: int = 0) -> dict:
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"rows": rows, "problems": len(test), "reward_model": rm_info.get("eval"), "throughput": tp,
               "pipeline_s": pipeline_s, "eval_s": eval_s, "run_dir": str(run_dir),
               "device": f"{jax.devices()[0].platform} ({os.cpu_count()} cores, {platform.processor() or 'cpu'})",
-              "command": "python benchmarks/pgts.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+              "command": "python benchmarks/search/pgts.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     table = cli.results_table(rows)
     table += (f"\nSearch throughput (random valid actions, {tp['vectorised_trees']} trees): "
               f"{tp['vectorised_steps_per_s']:.1f} env steps/s vectorised vs {tp['python_loop_steps_per_s']:.1f} "

@@ -7,7 +7,7 @@ visits one or two), which plan position acted, its commonest actions, and whethe
 achievement needs (tree, stone, iron, diamond) is reachable over grass from the player, at the end
 and after the first step (the map as generated).
 
-    python benchmarks/skills_chain_failures.py RUN [--target make_iron_pickaxe] [--episodes 256]
+    python benchmarks/skills/skills_chain_failures.py RUN [--target make_iron_pickaxe] [--episodes 256]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The shipped GRPO config's variants at several seeds, reported on the distinct test problems.
 
-    python benchmarks/grpo_seeds.py --out DIR [--config configs/grpo_arithmetic.yaml]
+    python benchmarks/llm_rl/grpo_seeds.py --out DIR [--config configs/grpo_arithmetic.yaml]
         [--variants grpo dapo dr_grpo] [--seeds 0 1 2]
 
 For each variant (`loss_type`) and seed, `python -m jaxrl_hier.train --config CONFIG loss_type=V
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

@@ -1,6 +1,6 @@
 """What a search in PGTS's action space can gain with a run's generator and reward model: a hand-written rule.
 
-    python benchmarks/pgts_rule_search.py --run-dir RUN --out DIR [--rules 0.1:1 0.3:1 0.3:2] [--test]
+    python benchmarks/search/pgts_rule_search.py --run-dir RUN --out DIR [--rules 0.1:1 0.3:1 0.3:2] [--test]
 
 Loads a finished PGTS run (RUN/config.yaml, its SFT generator and reward model), and searches
 `eval_problems` distinct validation problems (never the test split the pipeline reports on, so
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

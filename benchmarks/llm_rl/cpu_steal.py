@@ -11,9 +11,9 @@ steal ticks (time the hypervisor gave to something else while this VM wanted the
 
 If the rate falls inside phase 1 and phase 2 starts low while steal rises, the slowdown belongs to
 the host, not to the process that runs second: a benchmark has to let the machine recover between
-its arms (`benchmarks/grpo.py --cooldown-s`) and record the steal each arm met.
+its arms (`benchmarks/llm_rl/grpo.py --cooldown-s`) and record the steal each arm met.
 
-    python benchmarks/cpu_steal.py --out DIR [--sustained-s 40 --short-s 10 --idle-s 30]
+    python benchmarks/llm_rl/cpu_steal.py --out DIR [--sustained-s 40 --short-s 10 --idle-s 30]
 
 Writes DIR/cpu_steal.json and DIR/cpu_steal.md.
 """
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 LOOP = """

@@ -21,8 +21,8 @@ PASSIVE when other jobs kept the CPU busy in the second before the worker, else 
 (`--omp-wait-policy`, `omp_wait_policy`), and a TRL worker imports no JAX. Before each worker the harness waits
 (up to `--cooldown-s`) until the hypervisor steals under 5% of the CPU in a 1-s probe, and records the
 steal the worker met (`cpu_steal`): on this VM other tenants took up to 40% of the CPU for minutes
-(`benchmarks/cpu_steal.py`). `--check-peers` runs each
-peer's minimal script (`benchmarks/grpo_minimal.py`: the peer's own defaults, the same work) right
+(`benchmarks/llm_rl/cpu_steal.py`). `--check-peers` runs each
+peer's minimal script (`benchmarks/llm_rl/grpo_minimal.py`: the peer's own defaults, the same work) right
 beside its arm in every round and exits 1 when an arm's median of paired round ratios is more than 10%
 slower than its script's (`peer_check`). In a worker: start-up (imports, model load, trainer
 construction) is timed apart; then warmup + steps + 1 steps run in one training call; a step's time is the
@@ -34,7 +34,7 @@ and compiled programs together. Completion tokens/s = 8 * 4 * 32 / median step. 
 every completion the reward saw had exactly 32 characters (one token each) and that each step scored 32.
 `--rounds` (3) runs every (system, beta) worker that many times, one system after another in each round
 and the order rotated between rounds, because a shared VM's CPU speed drifts by up to a third over
-minutes (the 2-core Intel Xeon @ 2.80GHz of `benchmarks/results/cpu/grpo.json`; `benchmarks/cpu_steal.py`
+minutes (the 2-core Intel Xeon @ 2.80GHz of `benchmarks/results/cpu/grpo.json`; `benchmarks/llm_rl/cpu_steal.py`
 measures the host's share): a record pools the step times of all its rounds, keeps each round's median, and `speedups` gives ours
 against each peer as the ratio of pooled medians with the lowest and highest ratio of one round's.
 
@@ -68,11 +68,11 @@ from typing import Any, Callable
 # The environment this script was started in, before importing jaxrl_hier (whose import adds its XLA flag to
 # os.environ): the peers' workers and their minimal scripts start from it.
 USER_ENV = dict(os.environ)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from benchmarks.grpo_task import (  # noqa: E402,F401  (re-exported: the task lives in grpo_task)
+from benchmarks.llm_rl.grpo_task import (  # noqa: E402,F401  (re-exported: the task lives in grpo_task)
     LEARNING_RATE, MAX_GRAD_NORM, NEW_TOKENS, NUM_GENERATIONS, PROMPTS, SEED, TEMPERATURE, RewardLog, clock,
     digit_fraction, special_ids, step_intervals, suppressing_rollout, tunix_qwen2_config)
 from jaxrl_hier.bench import UNROLL_DECODE  # noqa: E402  (jaxrl_hier.bench imports JAX only when called)
@@ -80,13 +80,13 @@ from jaxrl_hier.config import ConfigError  # noqa: E402
 from jaxrl_hier.io import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
 
 SYSTEMS = ("trl", "tunix", "ours", "split")
-PEERS = ("trl", "tunix")  # the systems with a minimal script of their own (benchmarks/grpo_minimal.py)
+PEERS = ("trl", "tunix")  # the systems with a minimal script of their own (benchmarks/llm_rl/grpo_minimal.py)
 PEER_TOLERANCE = 0.10  # --check-peers fails when an arm is more than this much slower than its minimal script
 OMP_WAIT_POLICIES = ("auto", "passive", "default")
 SHARED_CPU_BUSY = 0.10  # --omp-wait-policy auto: other jobs busier than this fraction of the CPUs = a shared CPU
 MODEL = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704)
 # `--preset`: "tiny" is MODEL above (the CPU comparison); the others are random models shaped like the published
-# checkpoints (benchmarks/llm_throughput.py's PRESETS), for a GPU run. Their vocabulary keeps its full size (the
+# checkpoints (benchmarks/llm/llm_throughput.py's PRESETS), for a GPU run. Their vocabulary keeps its full size (the
 # logits and their softmax cost what they cost in the real model) while every id the character tokenizer does
 # not have is suppressed, so completions are still exactly 32 characters.
 PRESET_NAMES = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")
@@ -130,7 +130,7 @@ def preset_config(preset: str, tok: Any) -> Any:
         return tiny_qwen2_config(len(tok), hidden_size=MODEL["hidden_size"], num_layers=MODEL["num_layers"],
                                  num_heads=MODEL["num_heads"], num_kv_heads=MODEL["num_kv_heads"],
                                  intermediate_size=MODEL["intermediate_size"], max_positions=128, **ids)
-    from benchmarks.llm_throughput import PRESETS
+    from benchmarks.llm.llm_throughput import PRESETS
 
     fields = {k: v for k, v in PRESETS[preset].items() if k not in ("model_type", "dtype")}
     return transformers.Qwen2Config(**fields, **ids)
@@ -501,7 +501,7 @@ WORKER_ENV_KEYS = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "JAX
 def run_timed_worker(cmd: list[str], env: dict, cooldown_s: float) -> tuple[subprocess.CompletedProcess, dict]:
     """Run one worker after waiting (up to `cooldown_s`) for the hypervisor to stop stealing this VM's
     CPUs, and measure the steal it met while it ran (`jaxrl_hier.bench.steal_fraction`: on this VM
-    other tenants took up to 40% of the CPU time, `benchmarks/cpu_steal.py`)."""
+    other tenants took up to 40% of the CPU time, `benchmarks/llm_rl/cpu_steal.py`)."""
     from jaxrl_hier.bench import cpu_ticks, steal_fraction, wait_until_unthrottled
 
     waited, before_share = wait_until_unthrottled(cooldown_s) if cooldown_s > 0 else (0.0, None)
@@ -545,17 +545,17 @@ def run_system(system: str, beta: float, ckpt_dir: Path, args: argparse.Namespac
 
 
 def run_minimal(peer: str, beta: float, ckpt_dir: Path, args: argparse.Namespace, round_: int = 0) -> dict:
-    """`peer`'s minimal script (benchmarks/grpo_minimal.py) on the same checkpoint, steps and threads, in the
+    """`peer`'s minimal script (benchmarks/llm_rl/grpo_minimal.py) on the same checkpoint, steps and threads, in the
     environment this script was started in (USER_ENV): the peer as a plain script of its own runs."""
     from jaxrl_hier.bench import cpu_busy_fraction
 
-    cmd = [sys.executable, str(REPO / "benchmarks" / "grpo_minimal.py"), peer, "--ckpt", str(ckpt_dir), "--beta",
+    cmd = [sys.executable, str(REPO / "benchmarks" / "llm_rl" / "grpo_minimal.py"), peer, "--ckpt", str(ckpt_dir), "--beta",
            str(beta), "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     busy = cpu_busy_fraction(1.0)
     print(f"[round {round_ + 1}/{args.rounds}: {peer} minimal script beta={beta}] running (CPU busy {busy:.0%} "
           f"before; OMP_WAIT_POLICY {USER_ENV.get('OMP_WAIT_POLICY', 'unset')}) ...", flush=True)
     proc, steal = run_timed_worker(cmd, dict(USER_ENV), args.cooldown_s)
-    from benchmarks.grpo_minimal import MARKER
+    from benchmarks.llm_rl.grpo_minimal import MARKER
 
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARKER)]
     if proc.returncode != 0 or not lines:
@@ -681,7 +681,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--unroll-decode", choices=list(UNROLL_DECODE), default="auto",
                    help="ours: how the decode loop runs the layers (GRPOConfig.unroll_decode; auto = by size)")
     p.add_argument("--check-peers", action="store_true",
-                   help="also run each peer's minimal script (benchmarks/grpo_minimal.py) beside its arm in every "
+                   help="also run each peer's minimal script (benchmarks/llm_rl/grpo_minimal.py) beside its arm in every "
                         f"round; exit 1 when an arm is more than {PEER_TOLERANCE:.0%} slower than its script")
     p.add_argument("--omp-wait-policy", choices=OMP_WAIT_POLICIES, default="auto",
                    help="OMP_WAIT_POLICY of the workers (torch's threads): auto = PASSIVE when other jobs keep "

@@ -1,13 +1,13 @@
 """PGTS chosen on validation, reported on test once, at several seeds.
 
-    python benchmarks/pgts_seeds.py --out DIR [--config configs/pgts_arithmetic.yaml] [--seeds 0 1 2]
+    python benchmarks/search/pgts_seeds.py --out DIR [--config configs/pgts_arithmetic.yaml] [--seeds 0 1 2]
         [--candidates rm_sft_steps=300 rm_sft_steps=600] [--rules 0.1:1 0.2:1 0.3:1 0.5:1 0.3:2 0.5:2]
 
 1. Candidates: for each candidate setting (a space-separated list of `key=value` overrides, one
    string per candidate) and seed, the pipeline up to its reward model (`stop_after=reward_model`:
    the generator's SFT and the verifier, no PPO stage and no evaluation, so nothing looks at the
    test split), in DIR/candidates/<i>/seed<s>.
-2. Validation: `benchmarks/pgts_rule_search.py` on each candidate run scores chain-of-thought and
+2. Validation: `benchmarks/search/pgts_rule_search.py` on each candidate run scores chain-of-thought and
    each threshold rule (`--rules`; the teacher PGTS's imitation stage clones) on the run's
    `eval_problems` distinct validation problems.
 3. The choice: the candidate and rule with the highest validation accuracy of the rule, averaged
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -55,7 +55,7 @@ def rule_search(args: argparse.Namespace, i: int, seed: int, run_dir: Path) -> d
     """pgts_rule_search.py's result on the run's validation problems (rows: CoT, then each rule)."""
     out = args.out / "candidates" / str(i) / f"rules_seed{seed}"
     if not (out / "pgts_rule_search.json").is_file():
-        run_logged([sys.executable, "benchmarks/pgts_rule_search.py", "--run-dir", str(run_dir), "--out", str(out),
+        run_logged([sys.executable, "benchmarks/search/pgts_rule_search.py", "--run-dir", str(run_dir), "--out", str(out),
                     "--rules", *args.rules], args.out / "logs" / f"rules{i}_seed{seed}.txt", REPO)
     return json.loads((out / "pgts_rule_search.json").read_text())
 

@@ -1,9 +1,9 @@
 """Our PPO against Craftax_Baselines' `ppo.py` at equal work, in one process, and where our update's time goes.
 
-    python benchmarks/ppo_vs_peer.py --peer-dir PATH/TO/Craftax_Baselines --out benchmarks/results/cpu/ppo_peer \
+    python benchmarks/ppo/ppo_vs_peer.py --peer-dir PATH/TO/Craftax_Baselines --out benchmarks/results/cpu/ppo_peer \
         [--envs Craftax-Classic-Symbolic-v1 Craftax-Symbolic-v1] [--num-envs 256] [--num-steps 16] \
         [--updates 20] [--width 512] [--check]
-    python benchmarks/ppo_vs_peer.py --profile --out benchmarks/results/cpu/ppo_peer [--envs ...] [--num-envs 256]
+    python benchmarks/ppo/ppo_vs_peer.py --profile --out benchmarks/results/cpu/ppo_peer [--envs ...] [--num-envs 256]
 
 The peer is the user's own checkout of Craftax_Baselines (github.com/MichaelTMatthews/Craftax_Baselines;
 nothing of it is copied here): its `ppo.py` is imported by path and its `make_train(config)` runs

@@ -1,6 +1,6 @@
 """Multi-turn RL on text games: the group baseline against ArCHer's critic, success against episodes.
 
-    python benchmarks/multiturn.py --out DIR [--configs configs/guided_guess64.yaml] [--seeds 0 1 2]
+    python benchmarks/llm_rl/multiturn.py --out DIR [--configs configs/guided_guess64.yaml] [--seeds 0 1 2]
         [--algorithms group archer] [--speed] [--report-only]
 
 For each config, algorithm and seed: `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`
@@ -39,7 +39,7 @@ Nothing is tuned here: the configs run as shipped. Guess-the-number has no held-
 splits play the same secrets, `GuessNumberEnv` says why), so with `eval_episodes` covering every
 secret its validation and test figures coincide; Wordle's and Twenty Questions' splits are disjoint.
 
-`--speed` also runs benchmarks/multiturn_rollout.py into DIR/speed: episodes per second of one compiled
+`--speed` also runs benchmarks/llm_rl/multiturn_rollout.py into DIR/speed: episodes per second of one compiled
 batch of games against a Python loop over turns. Writes DIR/multiturn.json, DIR/multiturn.md and
 DIR/multiturn.png (validation success against episodes, mean and standard error over seeds).
 """
@@ -51,7 +51,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(results, args.out / "multiturn.png")
     print("\n".join(lines))
     if args.speed:
-        from benchmarks import multiturn_rollout
+        from benchmarks.llm_rl import multiturn_rollout
 
         return multiturn_rollout.main(["--out", str(args.out / "speed")])
     return 0

@@ -1,6 +1,6 @@
 """What a perfect critic's advantage would tell the actor on guess-the-number: the ceiling for ArCHer.
 
-    python benchmarks/advantage_ceiling.py --out DIR [--high 64] [--turns 7] [--games 3000] [--group 8]
+    python benchmarks/llm_rl/advantage_ceiling.py --out DIR [--high 64] [--turns 7] [--games 3000] [--group 8]
 
 Under the warm-start's rule (each guess uniform over the numbers still possible, `GuessNumberEnv`'s
 `sft_problems`), the secret is uniform over the interval the replies leave, so the exact values of
@@ -28,7 +28,7 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

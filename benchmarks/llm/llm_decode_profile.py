@@ -7,7 +7,7 @@ timed as the best of `--repeats` steady calls (blocking on the result) after one
 compile time is reported apart. Besides wall time, the process CPU time of each call (all threads;
 best of the repeats) is kept: on a shared machine it moves far less with other processes' load than
 wall time does. Settings: plain sampling (temperature 1), nucleus (temperature 0.7, top_p 0.95) and
-greedy. `PYTHONPATH=<an older checkout> python benchmarks/llm_decode_profile.py` measures another
+greedy. `PYTHONPATH=<an older checkout> python benchmarks/llm/llm_decode_profile.py` measures another
 version of the package with the same script (only `generate` is used).
 
 Writes <out>/llm_decode_profile.json (<out>/llm_decode_profile_<label>.json with --label).

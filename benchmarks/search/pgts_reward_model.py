@@ -1,6 +1,6 @@
 """How far the PGTS reward model gets with more data, more steps or another learning rate.
 
-    python benchmarks/pgts_reward_model.py --run-dir RUN --out DIR [--problems 512 4096] [--settings 300:2e-4 1000:2e-4] [--test]
+    python benchmarks/search/pgts_reward_model.py --run-dir RUN --out DIR [--problems 512 4096] [--settings 300:2e-4 1000:2e-4] [--test]
 
 Loads a finished PGTS run's generator (RUN/sft/model, RUN/config.yaml), samples `rm_samples` solutions per
 training problem with it for each `--problems` count (and the validation paths of the config:
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

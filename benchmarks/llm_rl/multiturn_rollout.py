@@ -1,6 +1,6 @@
 """Episodes per second of multi-turn text games: one compiled loop over turns against a Python loop.
 
-    python benchmarks/multiturn_rollout.py --out DIR [--games guess_number wordle twenty_questions maze] [--high 100]
+    python benchmarks/llm_rl/multiturn_rollout.py --out DIR [--games guess_number wordle twenty_questions maze] [--high 100]
         [--turns 8]
         [--batches 16 64 256] [--repeats 5]
 
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

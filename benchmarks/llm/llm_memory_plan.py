@@ -26,7 +26,7 @@ stand beside the plan's held bytes and peak. Writes <out>/llm_memory_run.json an
 measured; the compile-only cases are left out unless `--compile-cases` is given. On a GPU, run it
 with XLA_PYTHON_CLIENT_PREALLOCATE=false so the allocator's figures are the arrays' and the steps':
 
-    JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/llm_memory_plan.py --run --out DIR
+    JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/llm/llm_memory_plan.py --run --out DIR
 
 `--tiny` runs the same with tiny models (a CPU check of the script; XLA:CPU has no allocator
 statistics, so only the plan and the compiled programs' figures are filled in).

@@ -15,7 +15,7 @@ The curve of achievements against env steps: flat PPO evaluated the same way aft
 by then, at the env steps all skills had taken by that round: the skills' own experts), then the
 final agent at the whole budget (after the chain fine-tuning, when the run has one).
 
-    python benchmarks/skills_vs_ppo.py --config configs/skills_techtree.yaml \
+    python benchmarks/skills/skills_vs_ppo.py --config configs/skills_techtree.yaml \
         --out benchmarks/results/cpu/skills_vs_ppo/techtree --seeds 0 1 2
 
 Writes `skills_vs_ppo.json`, `skills_vs_ppo.md` (per-achievement success rates, score, env steps,
@@ -49,7 +49,7 @@ from jaxrl_hier.skills.composed import (build_composition, choose_target, episod
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import load_state
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv=None):

@@ -6,7 +6,7 @@ In a chain every expert trains, so `mask` (every expert on every row) pays the b
 of them; in a skill's round only the new expert trains. This measures which dispatch the chain
 phase should use on a machine, and how its chunk time compares to a skill round's.
 
-    python benchmarks/skills_chain_speed.py RUN --out DIR [--chunks 3] [--dispatch mask gather] [key=value ...]
+    python benchmarks/skills/skills_chain_speed.py RUN --out DIR [--chunks 3] [--dispatch mask gather] [key=value ...]
 
 Writes DIR/skills_chain_speed.json and a markdown table (device, versions, compile and chunk times).
 """

@@ -6,9 +6,9 @@ is reported as a hang together with its last CPU reading, and the children of a 
 stack dump (faulthandler on SIGUSR1... here: `faulthandler.dump_traceback_later`) written beside
 the results so the stuck frame is known.
 
-    python benchmarks/start_loop.py --entry skills --starts 50 --timeout 300 --out benchmarks/results/cpu/start_loop.json
-    python benchmarks/start_loop.py --entry ppo grpo pgts --starts 10 ...
-    python benchmarks/start_loop.py --entry qr_vmap_jax qr_vmap_ours --starts 10 --timeout 300 --frozen-s 20  # the cause
+    python benchmarks/ppo/start_loop.py --entry skills --starts 50 --timeout 300 --out benchmarks/results/cpu/start_loop.json
+    python benchmarks/ppo/start_loop.py --entry ppo grpo pgts --starts 10 ...
+    python benchmarks/ppo/start_loop.py --entry qr_vmap_jax qr_vmap_ours --starts 10 --timeout 300 --frozen-s 20  # the cause
 
 Entry points, each made as small as it goes while still compiling and running one step:
 - skills: `python -m jaxrl_hier.skills run` on TechTree, 2 slots, tiny PPO, max_rounds=1 (the path
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from jaxrl_hier.io import atomic_write_json  # noqa: E402

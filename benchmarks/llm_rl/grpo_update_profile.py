@@ -1,13 +1,13 @@
 """Where the GRPO update's time goes on the benchmark's shapes: forward vs backward of the policy.
 
-    python benchmarks/grpo_update_profile.py --out benchmarks/results/cpu
+    python benchmarks/llm_rl/grpo_update_profile.py --out benchmarks/results/cpu
 
-The model is the shape of `benchmarks/grpo.py`'s checkpoint (Qwen2-shaped, hidden 256, 4 layers,
+The model is the shape of `benchmarks/llm_rl/grpo.py`'s checkpoint (Qwen2-shaped, hidden 256, 4 layers,
 4 heads / 2 KV heads, intermediate 704, tied embeddings, 57-token vocabulary, float32, random
 weights); the batch is its step's: 32 sequences of 12 prompt + 32 completion tokens, 8 prompts x 4.
 Every program is compiled first (compile time and XLA's temporary memory recorded apart), then all
 are called in turn `--repeats` times (median and min): a shared VM's CPU speed drifts within a minute
-(hypervisor steal, `benchmarks/cpu_steal.py`), so only programs timed side by side compare.
+(hypervisor steal, `benchmarks/llm_rl/cpu_steal.py`), so only programs timed side by side compare.
 
 - `forward`: the completion log-probs (`llm_rl.rollout.completion_logprobs`);
 - `hidden_forward` / `hidden_grad`: the decoder's hidden states alone, and the gradient of a sum
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def compile_row(fn, *args) -> dict:

@@ -1,16 +1,16 @@
-"""A peer's GRPO step in a minimal script of its own: the yardstick for `benchmarks/grpo.py --check-peers`.
+"""A peer's GRPO step in a minimal script of its own: the yardstick for `benchmarks/llm_rl/grpo.py --check-peers`.
 
-    python benchmarks/grpo_minimal.py trl --ckpt DIR --beta 0.04 --steps 10 --warmup 2 --threads 2
-    python benchmarks/grpo_minimal.py tunix --ckpt DIR --beta 0.04 --steps 10 --warmup 2 --threads 2
+    python benchmarks/llm_rl/grpo_minimal.py trl --ckpt DIR --beta 0.04 --steps 10 --warmup 2 --threads 2
+    python benchmarks/llm_rl/grpo_minimal.py tunix --ckpt DIR --beta 0.04 --steps 10 --warmup 2 --threads 2
 
 Each runs the peer the way a plain script of its own would: the peer's defaults everywhere except the
 settings that change the work (8 prompts x 4 completions of exactly 32 tokens, BOS first in every
 prompt, float32, beta, loss "grpo" = sequence mean of token means, k3 KL, one update per step, lr 1e-5,
 gradient clip 1.0), plus TRL's documented way to skip gradient checkpointing (`gradient_checkpointing=False`,
 which recomputes nothing: less work). It imports only the standard library, the peer and
-`benchmarks/grpo_task.py` (stdlib only): no JAX beside torch, nothing of jaxrl_hier, no thread or XLA
+`benchmarks/llm_rl/grpo_task.py` (stdlib only): no JAX beside torch, nothing of jaxrl_hier, no thread or XLA
 setting of the benchmark's workers; the environment is whatever the caller runs it in. The checkpoint
-directory is `benchmarks/grpo.py`'s (`make_checkpoint`).
+directory is `benchmarks/llm_rl/grpo.py`'s (`make_checkpoint`).
 
 A step's time is measured as in the benchmark's arms: the interval between the starts of consecutive
 steps (TRL's `on_step_begin` callback; Tunix's `_run_global_step`), warmup + steps + 1 steps in one

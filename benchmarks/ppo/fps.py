@@ -1,6 +1,6 @@
 """Steps per second: sequential vs vectorised vs sharded, env stepping and full PPO training.
 
-    python benchmarks/fps.py --out benchmarks/results/cpu [--quick] [--env Craftax-Symbolic-v1]
+    python benchmarks/ppo/fps.py --out benchmarks/results/cpu [--quick] [--env Craftax-Symbolic-v1]
 
 Writes OUT/fps.json (a list of records: mode, workload, env, num_envs, reset_mode, fps,
 compile_s, run_s, steps, device, versions), OUT/fps.png (log-log steps/s against num_envs) and
@@ -19,7 +19,7 @@ W untimed steps so that episodes end at the policy's stationary rate: from a fre
 no Craftax random-policy episode ends in the first ~140 steps, so the reset schemes' refills
 would not be exercised. Records carry `episodes_timed` (episodes that ended in the timed calls).
 Workloads: `env` (stepping alone) and `ppo` (the whole PPO loop: rollout, GAE, epochs; `--ppo-updates`
-updates from fresh worlds, 20 by default, timed as benchmarks/ppo_vs_peer.py does; `--peer-dir` adds
+updates from fresh worlds, 20 by default, timed as benchmarks/ppo/ppo_vs_peer.py does; `--peer-dir` adds
 Craftax_Baselines' ppo.py at the same work, in the same process).
 """
 
@@ -154,17 +154,17 @@ def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharde
 # ---------------------------------------------------------------------------- full PPO
 def ppo(env_name: str, num_envs: int, num_steps: int, updates: int, reset_mode: str, hidden: int,
         peer_dir: Path | None = None) -> list[dict]:
-    """The whole PPO loop, as benchmarks/ppo_vs_peer.py times it: `updates` updates from fresh worlds
+    """The whole PPO loop, as benchmarks/ppo/ppo_vs_peer.py times it: `updates` updates from fresh worlds
     and parameters (20+, so that episodes end and resets are paid), initialisation included, compiled
     ahead, one warm-up call, then one timed call from the same start. With `peer_dir` (a checkout of
     Craftax_Baselines) its ppo.py runs the same work in the same process: a second record."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from benchmarks import ppo_vs_peer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.ppo import ppo_vs_peer
 
     s = {"num_steps": num_steps, "num_minibatches": 8, "update_epochs": 4, "width": hidden, "updates": updates,
          "lr": 3e-4, "reset_ratio": 16}
     if reset_mode != "pool":
-        raise ValueError("the PPO point runs pool resets (benchmarks/ppo_vs_peer.py)")
+        raise ValueError("the PPO point runs pool resets (benchmarks/ppo/ppo_vs_peer.py)")
     order = (ppo_vs_peer.OURS, ppo_vs_peer.PEER) if peer_dir else (ppo_vs_peer.OURS,)
     module = ppo_vs_peer.load_peer(peer_dir) if peer_dir else None
     out = []
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ppo-updates", type=int, default=20,
                         help="PPO updates per timed call, from fresh worlds (20+: episodes end, resets are paid)")
     parser.add_argument("--peer-dir", type=Path, default=None,
-                        help="a Craftax_Baselines checkout: its ppo.py beside each PPO point (benchmarks/ppo_vs_peer.py)")
+                        help="a Craftax_Baselines checkout: its ppo.py beside each PPO point (benchmarks/ppo/ppo_vs_peer.py)")
     parser.add_argument("--ppo-num-envs", type=int, nargs="*", default=None, help="override the PPO num_envs sweep")
     args = parser.parse_args(argv)
 

@@ -1,6 +1,6 @@
 """The guided agent's shipped configs at several seeds, on their evaluation episodes.
 
-    python benchmarks/guided_seeds.py --out DIR [--configs configs/guided_arithmetic.yaml
+    python benchmarks/llm_rl/guided_seeds.py --out DIR [--configs configs/guided_arithmetic.yaml
         configs/guided_game.yaml] [--seeds 0 1 2]
 
 For each config and seed, `python -m jaxrl_hier.train --config CONFIG seed=S` in DIR/<config>/seed<S>
@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 

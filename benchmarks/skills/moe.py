@@ -8,7 +8,7 @@ skills policy on Craftax-Classic (obs 1345 -> hidden x layers -> 17 actions), it
   update's cost).
 Compile time is recorded apart from the best of `--repeats` steady runs.
 
-    python benchmarks/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
+    python benchmarks/skills/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
 
 Writes `moe.json` (device, versions, records) and `moe.png`.
 """
