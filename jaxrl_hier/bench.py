@@ -64,7 +64,7 @@ def steal_fraction(before: tuple[int, int, int] | None, after: tuple[int, int, i
 
     On a shared 2-core Intel Xeon @ 2.80GHz VM the host's other tenants took up to 40% of the CPU
     time for minutes: a 1024^3 matmul fell from 167 to 82 GFLOP/s while 39% was stolen, and ran at 176 with 2% stolen half a
-    minute later; in another run the steal came in other phases (`benchmarks/cpu_steal.py`). So a
+    minute later; in another run the steal came in other phases (`benchmarks/llm_rl/cpu_steal.py`). So a
     benchmark arm can be slowed by the machine, not by itself."""
     if before is None or after is None or after[0] <= before[0]:
         return None

@@ -1,4 +1,4 @@
-"""benchmarks/grpo.py --check-peers: the verdict on arm / minimal-script pairs (on recorded numbers, no
+"""benchmarks/llm_rl/grpo.py --check-peers: the verdict on arm / minimal-script pairs (on recorded numbers, no
 peer is run), the workers' OMP_WAIT_POLICY and environment, the exit code, and the TRL arm asking for
 the same work as TRL's minimal script (constructed, not trained)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import grpo as bench  # noqa: E402
+from benchmarks.llm_rl import grpo as bench  # noqa: E402
 
 # Round medians (s) recorded on the shared 2-core Xeon: the TRL arm with bf16 autocast left on by a
 # stray comment (the bug --check-peers caught in this branch) against TRL's minimal script, 4 rounds.
@@ -76,7 +76,7 @@ def test_trl_arm_asks_for_the_work_of_trls_minimal_script(monkeypatch, tmp_path)
     """Both build their GRPOConfig; the fields that change the work must agree (bf16 autocast, the batch,
     the tokens, beta, the loss, recomputation, the forbidden tokens), and both use TRL's default optimiser."""
     trl = pytest.importorskip("trl")
-    from benchmarks import grpo_minimal
+    from benchmarks.llm_rl import grpo_minimal
 
     bench.make_checkpoint(tmp_path)
     seen = []

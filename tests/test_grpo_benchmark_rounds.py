@@ -1,4 +1,4 @@
-"""benchmarks/grpo.py's rounds: step times pooled over rounds, per-round medians kept, speedups with
+"""benchmarks/llm_rl/grpo.py's rounds: step times pooled over rounds, per-round medians kept, speedups with
 their per-round range, and a bad --rounds refused before anything runs."""
 
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import grpo as bench  # noqa: E402
+from benchmarks.llm_rl import grpo as bench  # noqa: E402
 
 
 def run_record(steps, startup=2.0, rss=900.0):

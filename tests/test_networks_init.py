@@ -56,7 +56,7 @@ def test_networks_and_experts_use_it():
 
 def test_many_concurrent_vmapped_inits_finish():
     # Four layers vmapped over three slots, 200 calls, in a child with a timeout: the pattern with
-    # which jax's initializer deadlocked a loaded 2-core CPU (benchmarks/start_loop.py --entry
+    # which jax's initializer deadlocked a loaded 2-core CPU (benchmarks/ppo/start_loop.py --entry
     # qr_vmap_jax repeats it). The lowering test above is the deterministic guard; this one runs it.
     code = ("import jax, jax.numpy as jnp, jaxrl_hier\n"
             "from jaxrl_hier.networks.init import orthogonal\n"

@@ -1,4 +1,4 @@
-"""benchmarks/ppo_vs_peer.py without a Craftax_Baselines checkout or the network: a fake peer directory
+"""benchmarks/ppo/ppo_vs_peer.py without a Craftax_Baselines checkout or the network: a fake peer directory
 written here (a `ppo.py` exposing `make_train(config)` as the real one does, importing a module beside
 it and `wandb`) runs through the same plumbing, against our PPO on CartPole at a tiny size: loading by
 path, the config dict, compile-ahead timing, records, table, plot and the --check exit code. And
@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import ppo_vs_peer as bench  # noqa: E402
+from benchmarks.ppo import ppo_vs_peer as bench  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_gpu_script_dry_run(tmp_path):
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr
     text = out.stdout
-    assert "benchmarks/ppo_vs_peer.py" in text and "--num-envs 1024 4096 16384" in text
+    assert "benchmarks/ppo/ppo_vs_peer.py" in text and "--num-envs 1024 4096 16384" in text
     assert "Craftax-Symbolic-v1" in text and "Craftax-Classic-Symbolic-v1" in text
     assert "benchmarks/results/h200/ppo_peer" in text and f"--peer-dir {tmp_path / 'peer'}" in text
     assert "--num-steps 64" in text and "--updates 20" in text and "--compile-workers" in text
@@ -118,9 +118,9 @@ def test_gpu_script_dry_run(tmp_path):
 
 
 def test_fps_ppo_point_is_the_same_measurement(monkeypatch, tmp_path):
-    """benchmarks/fps.py's PPO point goes through ppo_vs_peer.run_point (20 updates by default, the
+    """benchmarks/ppo/fps.py's PPO point goes through ppo_vs_peer.run_point (20 updates by default, the
     peer beside it with --peer-dir) and keeps fps.json's record fields."""
-    from benchmarks import fps
+    from benchmarks.ppo import fps
 
     seen = {}
 

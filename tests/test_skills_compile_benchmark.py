@@ -1,4 +1,4 @@
-"""benchmarks/skills_compile.py without compiling anything: its shapes and overrides are checked
+"""benchmarks/skills/skills_compile.py without compiling anything: its shapes and overrides are checked
 before the trainer is built (exit with a message naming the fix), each shape gets the skill whose
 plan fills its bank, and the report reads every settings' JSON in the folder."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import skills_compile as bench  # noqa: E402
+from benchmarks.skills import skills_compile as bench  # noqa: E402
 from jaxrl_hier.skills.library import craftax_classic_library  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

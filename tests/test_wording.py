@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Tracked files checked: these prefixes (the top-level `configs` is a link to jaxrl_hier/configs).
 SCOPE = ("README.md", "docs/", "jaxrl_hier/", "benchmarks/device/")
-SCOPE_PATTERNS = (re.compile(r"benchmarks/[^/]+\.py"),)  # benchmarks/*.py, not the results folders
+SCOPE_PATTERNS = (re.compile(r"benchmarks/(?!results/)([^/]+/)?[^/]+\.(py|md)"),)  # scripts and indexes, not the results
 
 PATTERNS = {
     "the word 'session'": re.compile(r"\bsessions?\b", re.IGNORECASE),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/multiturn.py's training runs on a GPU machine held for a few minutes only: for each seed
+# benchmarks/llm_rl/multiturn.py's training runs on a GPU machine held for a few minutes only: for each seed
 # in turn, the group baseline then ArCHer (so a machine taken back early still leaves pairs from the
 # same warm-start), each `python -m jaxrl_hier.train --config CONFIG seed=S advantage=A`, until WALL_S
 # seconds have passed (a run cut by the wall stays resumable). All runs share one persistent XLA cache,
@@ -10,7 +10,7 @@
 # EXTRA= adds overrides to every run (a tiny size to check the script on a CPU).
 # OUT receives multiturn_runs.tgz (DIR/<config>/<algorithm>/seed<S> without checkpoints, each run's
 # log beside it) and versions.txt. Unpack it into DIR and summarise here without training:
-# `python benchmarks/multiturn.py --out DIR --configs CONFIG --report-only`.
+# `python benchmarks/llm_rl/multiturn.py --out DIR --configs CONFIG --report-only`.
 set -uo pipefail
 out=$1 wall=$2 config=$3
 shift 3

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Our PPO against Craftax_Baselines' ppo.py on one GPU, in the same process at equal work
-# (benchmarks/ppo_vs_peer.py): Craftax-Symbolic-v1 and Craftax-Classic-Symbolic-v1 at 1,024, 4,096
+# (benchmarks/ppo/ppo_vs_peer.py): Craftax-Symbolic-v1 and Craftax-Classic-Symbolic-v1 at 1,024, 4,096
 # and 16,384 envs, the Craftax-1B settings (64 steps, 8 minibatches, 4 epochs, width 512), 20
 # updates per timed call after a warm-up call, compile times apart. Sized for 15 minutes of GPU time:
 # every point's programs compile at once on the host's spare cores (COMPILE_WORKERS), and the two
@@ -41,7 +41,7 @@ gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null 
   | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
 gpu=${gpu:-cpu}
 results=${RESULTS:-benchmarks/results/$gpu/ppo_peer}
-cmd=("${PYTHON:-python3}" benchmarks/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
+cmd=("${PYTHON:-python3}" benchmarks/ppo/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
      --num-steps "$steps" --updates "$updates" --width "$width" --repeats "${REPEATS:-1}"
      --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check})
 if [ -n "${DRY_RUN:-}" ]; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compile time against run time of the skills program on a GPU, under three XLA settings, one
-# process each (`benchmarks/skills_compile.py`): XLA's defaults; LLVM module compilation split over
+# process each (`benchmarks/skills/skills_compile.py`): XLA's defaults; LLVM module compilation split over
 # the host's cores; no autotuning. Sized for a GPU machine held for a few minutes only (each process
 # under its own time limit, every shape's figures written as soon as measured).
 #
@@ -20,7 +20,7 @@ measure() {  # LABEL TIME_LIMIT_S XLA_FLAGS SHAPE...
   local label=$1 limit=$2 flags=$3
   shift 3
   # shellcheck disable=SC2086  # EXTRA is a list of overrides
-  XLA_FLAGS="$flags" timeout "$limit" python3 benchmarks/skills_compile.py ${EXTRA:-} --config "$config" \
+  XLA_FLAGS="$flags" timeout "$limit" python3 benchmarks/skills/skills_compile.py ${EXTRA:-} --config "$config" \
     --out "$out" --label "$label" --repeats 1 --shapes "$@" 2>&1 | grep -v "cuda_timer.cc" | tee -a "$out/log.txt"
   local status=${PIPESTATUS[0]}
   echo "$label exit code $status" | tee -a "$out/log.txt"

@@ -62,7 +62,7 @@ sys.exit(0 if done else 1)
 EOF
 then
   echo "the run has finished: the final agent against flat PPO at the same env steps"
-  python3 benchmarks/skills_vs_ppo.py --config "$run/config.yaml" --skills-runs "$run" --out "$work/compare" \
+  python3 benchmarks/skills/skills_vs_ppo.py --config "$run/config.yaml" --skills-runs "$run" --out "$work/compare" \
     --episodes "${PPO_EPISODES:-64}" --ppo-chunks 2 --no-curve
   rc=$?
   cp "$work"/compare/skills_vs_ppo.* "$out"/ 2>/dev/null

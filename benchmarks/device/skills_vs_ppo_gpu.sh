@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bottom-up skills against flat PPO on Craftax-Classic on a GPU, sized for a machine held for a few
 # minutes only:
-# `benchmarks/skills_vs_ppo.py` with the GPU config (1024 envs per skill), the skills run stopped
+# `benchmarks/skills/skills_vs_ppo.py` with the GPU config (1024 envs per skill), the skills run stopped
 # after WALL_S seconds (its config's max_wall_s, compilation included), flat PPO at the same env
 # steps, both agents judged from the same fresh worlds; only the final agents are evaluated.
 #
@@ -30,7 +30,7 @@ if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
   tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
 fi
 # POST_S: the time left after the skills run for flat PPO and the evaluations (H200: about 4 minutes)
-timeout $((wall + ${POST_S:-330})) python3 benchmarks/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
+timeout $((wall + ${POST_S:-330})) python3 benchmarks/skills/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
   --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"
 rc=$?
 cp "$work"/skills_vs_ppo.* "$out"/ 2>/dev/null

@@ -2,7 +2,7 @@
 a PyTorch hierarchical guidance system ran out of memory on a 44.53 GiB device; here are its models
 (a Llama-3.2-3B-shaped backbone, a RoBERTa-base critic with ArCHer's heads) with the original's
 sizes, planned two ways (`original_plans`: full copies, or one backbone with LoRA roles), and our
-layout run for real (`measured_layout_peak`, `benchmarks/llm_memory_plan.py --run`).
+layout run for real (`measured_layout_peak`, `benchmarks/llm/llm_memory_plan.py --run`).
 
     python -m jaxrl_hier.llm.memory_case [--micro-batch N] [--lora-rank R]   # the two tables
 """

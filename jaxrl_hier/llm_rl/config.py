@@ -175,7 +175,7 @@ class GRPOConfig:
     num_iterations: int = 1
     micro_batch_size: int = 0  # 0: the whole batch in one pass
     # recompute each decoder layer in the update's backward pass instead of keeping its residuals:
-    # about a fifth of the compiled update's temporary memory, and faster on CPU (benchmarks/grpo_update_profile.py)
+    # about a fifth of the compiled update's temporary memory, and faster on CPU (benchmarks/llm_rl/grpo_update_profile.py)
     remat: bool = True
     # how the sampler's decode loop runs the layers (`ModelConfig.unroll_decode`): null = the model's own
     # setting (by default unrolled when the layer weights take at most 1 GiB), true = unrolled over

@@ -7,7 +7,7 @@ over XLA:CPU's intra-op thread pool and blocks until the pieces finish. XLA runs
 layers' initialisations concurrently on that same pool, so as soon as as many batched QRs are in
 flight as the pool has threads (two on a 2-core CPU), every pool thread waits for work that no
 thread is left to run, and the program never returns: all threads parked, no error.
-`benchmarks/start_loop.py --entry qr_vmap_jax qr_vmap_ours --frozen-s 20` repeats the pattern in
+`benchmarks/ppo/start_loop.py --entry qr_vmap_jax qr_vmap_ours --frozen-s 20` repeats the pattern in
 fresh processes (the deadlock needs the pool's threads to meet in the batched call, which a loaded
 CPU makes likely: on the idle CPU neither arm deadlocked in 3 starts), and a stack dump of a hung
 skills run shows it

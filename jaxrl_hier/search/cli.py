@@ -121,7 +121,7 @@ def held_out_paths(config: PGTSConfig, lm: Any, tokenizer: Any, task: Any, split
     """The labelled paths that measure either kind of reward model: the generator's samples of
     `rm_eval_problems` distinct held-out problems, cut and labelled as `rm_labels` (or `labels`)
     says. Of the validation split by default: these figures choose reward-model settings
-    (benchmarks/pgts_reward_model.py), so the test split stays for reporting a chosen one once."""
+    (benchmarks/search/pgts_reward_model.py), so the test split stays for reporting a chosen one once."""
     import jax
 
     from jaxrl_hier.llm_rl.data import evaluation_problems

@@ -105,7 +105,7 @@ class PGTSConfig:
     checkpoint_every: int = 8
     keep_checkpoints: int = 2
     # end the pipeline after this stage (null: run it all): e.g. "reward_model" for the models a
-    # validation sweep compares (benchmarks/pgts_rule_search.py) with no look at the test split, which
+    # validation sweep compares (benchmarks/search/pgts_rule_search.py) with no look at the test split, which
     # the PPO stage's evaluations and the evaluation stage report; a --resume may lift it
     stop_after: Literal["sft", "reward_model", "ppo"] | None = None
 

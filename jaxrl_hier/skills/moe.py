@@ -8,10 +8,10 @@ Each env row is routed to one expert (`idx`). Two ways to evaluate the routed ex
   blocks multiplies each by its own expert's weights. The arithmetic is that of at most 1.5
   experts whatever their number (padding adds at most `num_experts * (block_size - 1)` rows, and the
   block size keeps that under half the batch); wall time still grows with the number of experts,
-  since the blocks get smaller (`benchmarks/moe.py`: on a 2-core CPU, 1024 rows, 5.5 ms for 1 expert,
+  since the blocks get smaller (`benchmarks/skills/moe.py`: on a 2-core CPU, 1024 rows, 5.5 ms for 1 expert,
   55 ms for 32, against 235 ms for the mask).
 - `mixture_apply_mask`: every expert on every row, then a one-hot pick: what Flow-RL does, kept as
-  the baseline (compute grows linearly with the number of experts). `benchmarks/moe.py` times both.
+  the baseline (compute grows linearly with the number of experts). `benchmarks/skills/moe.py` times both.
 
 `MoEPolicy` duck-types a Flax module (`init`, `apply`) for `algorithms.ppo`. Its `params` hold only
 the new expert (actor and critic), so the optimiser never sees the frozen experts; those sit in the

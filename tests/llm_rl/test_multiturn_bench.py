@@ -1,7 +1,7 @@
-"""benchmarks/multiturn.py's reading of runs (curves against episodes played, the test split at the two
+"""benchmarks/llm_rl/multiturn.py's reading of runs (curves against episodes played, the test split at the two
 ends only), its sample-efficiency figure (episodes to reach the group baseline's final validation
 success), the same-warm-start check, the table, and its refusals of bad input before any run; and
-benchmarks/advantage_ceiling.py's exact values of the warm-start's rule."""
+benchmarks/llm_rl/advantage_ceiling.py's exact values of the warm-start's rule."""
 
 import json
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import multiturn  # noqa: E402
+from benchmarks.llm_rl import multiturn  # noqa: E402
 
 
 def write_run(path: Path, validation: list[float], first_test: float = 0.3, per_iter: int = 10) -> None:
@@ -110,7 +110,7 @@ def test_the_advantage_ceiling_values_the_rule_the_host_game_plays():
     that rule (Monte Carlo), and a perfect critic fits the returns at least as well with the utterance."""
     import random
 
-    from benchmarks import advantage_ceiling as ceil
+    from benchmarks.llm_rl import advantage_ceiling as ceil
     from jaxrl_hier.tasks.text_games import GuessEpisode, GuessNumberEnv
 
     game = GuessNumberEnv(high=8, max_turns=3)

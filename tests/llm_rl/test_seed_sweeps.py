@@ -1,4 +1,4 @@
-"""The seed sweeps' shared runner (`bench.train_run`) and benchmarks/guided_seeds.py's summary: a run
+"""The seed sweeps' shared runner (`bench.train_run`) and benchmarks/llm_rl/guided_seeds.py's summary: a run
 that saved its model is skipped, a killed one resumed with its recorded config, a fresh one started
 with the overrides; a failing step stops the sweep naming its log; guided_seeds reads each run's
 test evaluations (after SFT, after RL; never the validation curve) and gives the mean and standard
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import guided_seeds  # noqa: E402
+from benchmarks.llm_rl import guided_seeds  # noqa: E402
 from jaxrl_hier import bench  # noqa: E402
 from jaxrl_hier.llm_rl import data  # noqa: E402
 

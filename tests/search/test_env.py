@@ -187,7 +187,7 @@ def test_greedy_first_child_is_the_greedy_step_and_branches_are_sampled(setup):
 
 
 def test_rule_branches_only_where_the_reward_model_doubts(setup):
-    """search.imitation.threshold_rule (the imitation teacher and benchmarks/pgts_rule_search.py's
+    """search.imitation.threshold_rule (the imitation teacher and benchmarks/search/pgts_rule_search.py's
     rule), state by state: Expand a trusted step, Branch a doubted one while its parent has room for
     `extra` more children, Terminate on an answer line, and at the depth limit without one (where
     Terminate is closed) Branch, or Backtrack one level when no sibling is left."""
@@ -197,7 +197,7 @@ def test_rule_branches_only_where_the_reward_model_doubts(setup):
     from jaxrl_hier.search.imitation import threshold_rule
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.pgts_rule_search import make_rule_runner
+    from benchmarks.search.pgts_rule_search import make_rule_runner
 
     tok, env, params, _ = setup
     act = threshold_rule(env)

@@ -1,4 +1,4 @@
-"""benchmarks/pgts_reward_model.py and pgts_rule_search.py refuse bad input with exit 2 before loading anything,
+"""benchmarks/search/pgts_reward_model.py and pgts_rule_search.py refuse bad input with exit 2 before loading anything,
 sweep on the validation split, and report the chosen setting once on test (--test)."""
 
 import sys
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import pgts_reward_model as bench  # noqa: E402
-from benchmarks import pgts_rule_search as rule_bench  # noqa: E402
+from benchmarks.search import pgts_reward_model as bench  # noqa: E402
+from benchmarks.search import pgts_rule_search as rule_bench  # noqa: E402
 
 
 def test_bad_settings_and_missing_run_exit_2(tmp_path, capsys):

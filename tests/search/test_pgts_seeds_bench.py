@@ -1,4 +1,4 @@
-"""benchmarks/pgts_seeds.py: bad input exits 2 before anything runs; the choice reads validation rows
+"""benchmarks/search/pgts_seeds.py: bad input exits 2 before anything runs; the choice reads validation rows
 only (the best rule's mean over seeds, then the fewer tokens); the test summary gives each method's
 mean and standard error over seeds under one name. (The protocol itself ran at a tiny size by hand:
 its steps are the pipeline and pgts_rule_search.py, each tested on its own.)"""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import pgts_seeds as bench  # noqa: E402
+from benchmarks.search import pgts_seeds as bench  # noqa: E402
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,0 +1,115 @@
+"""Mixture-of-experts cost against the number of experts: gather (only each row's expert) vs mask
+(every expert on every row, as Flow-RL does).
+
+For E = 1 .. 32 experts, `rows` env rows routed uniformly at random, expert MLPs shaped like the
+skills policy on Craftax-Classic (obs 1345 -> hidden x layers -> 17 actions), it times:
+- `forward`: the routed actor logits (the rollout's cost per env step);
+- `grad`: forward and backward through the mixture with respect to the trainable expert (the
+  update's cost).
+Compile time is recorded apart from the best of `--repeats` steady runs.
+
+    python benchmarks/skills/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
+
+Writes `moe.json` (device, versions, records) and `moe.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+import jax
+import jax.numpy as jnp
+
+from jaxrl_hier.bench import device_info, time_compiled
+from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.skills.moe import (default_block_size, init_mlp, mixture_apply_gather, mixture_apply_mask,
+                                   stack_experts)
+
+DISPATCH = {"gather": mixture_apply_gather, "mask": mixture_apply_mask}
+
+
+def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, actions: int, repeats: int) -> list[dict]:
+    key = jax.random.key(experts)
+    sizes = [obs_dim] + [hidden] * layers + [actions]
+    frozen = (stack_experts([init_mlp(jax.random.fold_in(key, i), sizes, 0.01) for i in range(experts - 1)])
+              if experts > 1 else None)
+    new = init_mlp(jax.random.fold_in(key, 1000), sizes, 0.01)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (rows, obs_dim))
+    idx = jax.random.randint(jax.random.fold_in(key, 2), (rows,), 0, experts)
+
+    def bank_of(new_expert):
+        if frozen is None:
+            return jax.tree.map(lambda w: w[None], new_expert)
+        return jax.tree.map(lambda f, n: jnp.concatenate([jax.lax.stop_gradient(f), n[None]]), frozen, new_expert)
+
+    out = []
+    for name, apply in DISPATCH.items():
+        def forward(new_expert, x, idx, apply=apply):
+            return apply(bank_of(new_expert), x, idx, jnp.tanh)
+
+        def grad(new_expert, x, idx, apply=apply):
+            return jax.grad(lambda p: jnp.sum(apply(bank_of(p), x, idx, jnp.tanh) ** 2))(new_expert)
+
+        for workload, fn in (("forward", forward), ("grad", grad)):
+            compile_s, run_s = time_compiled(jax.jit(fn), new, x, idx, repeats=repeats)
+            out.append({"dispatch": name, "workload": workload, "experts": experts, "rows": rows, "run_s": run_s,
+                        "compile_s": compile_s, "rows_per_s": rows / run_s,
+                        "block_size": default_block_size(rows, experts) if name == "gather" else None})
+            print(f"E={experts:2d} {name:6s} {workload:7s} {run_s * 1e3:8.2f} ms (compile {compile_s:.1f} s)",
+                  flush=True)
+    return out
+
+
+def plot(records: list[dict], path: Path, title: str) -> None:
+    import matplotlib.ticker
+
+    from jaxrl_hier.logging.plots import pyplot
+
+    plt = pyplot()
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, workload in zip(axes, ("forward", "grad")):
+        for name, marker in (("gather", "o"), ("mask", "s")):
+            pts = sorted((r["experts"], r["run_s"] * 1e3) for r in records
+                         if r["dispatch"] == name and r["workload"] == workload)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
+        ax.set(xscale="log", yscale="log", xlabel="experts", ylabel="ms per call", title=f"{workload} ({title})")
+        ax.set_xticks([r["experts"] for r in records if r["dispatch"] == "gather" and r["workload"] == workload])
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/cpu"))
+    p.add_argument("--experts", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--rows", type=int, default=1024, help="env rows per call (num_envs)")
+    p.add_argument("--obs-dim", type=int, default=1345, help="Craftax-Classic symbolic observation size")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--actions", type=int, default=17)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    if min(args.experts) < 1 or args.rows < 1:
+        print("error: --experts and --rows must be positive", file=sys.stderr)
+        return 2
+    records = []
+    for e in args.experts:
+        records += measure(e, args.rows, args.obs_dim, args.hidden, args.layers, args.actions, args.repeats)
+    info = device_info() | {"rows": args.rows, "obs_dim": args.obs_dim, "hidden": args.hidden,
+                            "layers": args.layers, "actions": args.actions}
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "moe.json", {"info": info, "records": records})
+    plot(records, args.out / "moe.png", f"{info['device']}, {args.rows} rows")
+    print(f"wrote {args.out / 'moe.json'} and moe.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
