@@ -42,3 +42,28 @@ def test_report_tables_every_settings_file(tmp_path):
     table = (tmp_path / "skills_compile.md").read_text()
     assert "| default | 1x2 | make_wood_pickaxe (2) | 58.9 |" in table and "| autotune0 | 1x2" in table
     assert (tmp_path / "skills_compile.png").stat().st_size > 0
+
+
+def test_skills_speed_refuses_bad_skills_before_compiling(tmp_path, capsys):
+    """benchmarks/skills/skills_speed.py: unknown skills, or more than the config runs at once, exit 2
+    with a message naming the fix, before any program is built or the output folder is made."""
+    from benchmarks.skills import skills_speed
+
+    config = str(ROOT / "configs/skills_techtree.yaml")
+    assert skills_speed.main(["--config", config, "--out", str(tmp_path / "o"), "--skills", "collect_wod"]) == 2
+    assert "collect_wod" in capsys.readouterr().err
+    many = ["collect_wood", "place_table", "make_wood_pickaxe", "collect_stone"]
+    assert skills_speed.main(["--config", config, "--out", str(tmp_path / "o"), "--skills", *many]) == 2
+    assert "max_parallel_skills" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_skills_speed_report_reads_a_cut_short_run():
+    from benchmarks.skills import skills_speed
+
+    result = {"env": "Craftax-Classic-Symbolic-v1", "config": "c.yaml", "overrides": [], "complete": False,
+              "device": {"device": "cpu:cpu", "cpu_model": "AMD EPYC", "jax": "0.10.2"},
+              "round": {"flat PPO": {"steps_per_s": 1000.0, "round_s": 4.0, "first_round_s": 60.0}},
+              "env_only": {}, "policy": {}}
+    text = skills_speed.markdown(result)
+    assert "cut short" in text and "| flat PPO | 1,000 | 1.00 |" in text and "env alone" not in text

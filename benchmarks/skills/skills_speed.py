@@ -1,0 +1,279 @@
+"""Where a skills round's time goes, against flat PPO with the same `ppo` section: a profile by parts.
+
+    python benchmarks/skills/skills_speed.py --config configs/skills_craftax_classic.yaml --out DIR \\
+        [--skills collect_wood make_wood_pickaxe make_stone_pickaxe] [--rounds 3] [--together] [key=value ...]
+
+Each part is compiled ahead and timed apart from its compile (best of `--repeats` steady calls), all
+in one process, so the ratios come from the same machine state:
+
+- `round`: `updates_per_round` PPO updates as the scheduler trains them (`SkillTrainer.train_round`
+  without its greedy evaluation, the slots' selection and merge included) for flat PPO on the base
+  env, for each listed skill alone in a slot, and with `--together` for all of them at once (one
+  slot each): env steps/s, the median of `--rounds` rounds after a first
+  (compiling) one.
+- `env`: the vectorised env alone with random actions over one round's steps (pool resets as in
+  training): the base env against the skill env of each skill (its conditions, routing to the
+  dependency that acts, restarts from anchors).
+- `act`: one rollout step's forward and sample over `num_envs` rows: flat PPO's network against the
+  skill's mixture (rows routed over the dependencies' experts and the new one).
+- `grad`: one minibatch's gradient of a PPO-like loss (log-prob of taken actions, entropy, value):
+  flat PPO's network; the skill's policy as it is trained (the new expert's log-probs, 0 on the rows a
+  frozen expert acts on: `skills.moe.ExpertMixture`); and the routed mixture's log-probs, which
+  have the same gradient and cost what the update paid before.
+- `eval` (with `--together`): the greedy evaluation a round adds every `greedy_eval_every` rounds.
+
+The dependencies' experts are random weights: a step's cost does not depend on the weights (the
+mixture's blocks are sized statically, whatever the routing), only on how often dependencies hold,
+which changes a skill env's restarts and resets a little. Writes DIR/skills_speed.json and
+DIR/skills_speed.md after every part (`complete` says whether every part ran); on a 2-core CPU at
+the Craftax-Classic config most of the time is compiling (about 20 programs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+import distrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.bench import device_info, time_compiled
+from jaxrl_hier.config import ConfigError, load_config, resolve_config
+from jaxrl_hier.io import atomic_write_json, atomic_write_text
+from jaxrl_hier.skills.cli import check_config
+from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.trainer import SkillTrainer
+
+
+def random_experts(trainer: SkillTrainer, names: set[str], key: jax.Array) -> dict:
+    obs_dim = int(np.prod(trainer.env.base.observation_space(trainer.base_params).shape))
+    return {n: jax.tree.map(np.asarray, trainer.policy.init_expert(jax.random.fold_in(key, i), obs_dim))
+            for i, n in enumerate(sorted(names))}
+
+
+def time_rounds(train_round, rounds: int, steps_per_round: int) -> dict:
+    """A first (compiling) round, then the median of `rounds` more."""
+    tick = time.perf_counter()
+    train_round()
+    first = time.perf_counter() - tick
+    times = []
+    for _ in range(rounds):
+        tick = time.perf_counter()
+        train_round()
+        times.append(time.perf_counter() - tick)
+    median = statistics.median(times)
+    return {"first_round_s": first, "round_s": median, "steps": steps_per_round, "steps_per_s": steps_per_round / median}
+
+
+def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]:
+    import dataclasses
+
+    from jaxrl_hier.algorithms.ppo import make_train
+
+    base, base_params = config.make_env()
+    # One seed, as `skills_vs_ppo.py` trains flat PPO (the skills config's own PPOConfig has one seed
+    # per slot).
+    ppo = make_train(dataclasses.replace(config.ppo_config(), num_seeds=1), env=base, env_params=base_params)
+    state = {"runner": ppo.init(jax.random.key(config.seed))}
+
+    def one():
+        state["runner"], metrics = ppo.update(state["runner"], config.updates_per_round)
+        jax.block_until_ready(metrics)
+
+    steps = config.updates_per_round * ppo.config.num_envs * ppo.config.num_steps
+    return time_rounds(one, rounds, steps), ppo, state["runner"]
+
+
+def skills_round(trainer: SkillTrainer, library, names: list[str], experts: dict, rounds: int, seed: int) -> dict:
+    trainer.init(jax.random.key(seed))
+    trainer.start(dict(enumerate(names)), library, experts, jax.random.key(seed + 1))
+    steps = trainer.config.updates_per_round * trainer.steps_per_update * len(names)
+    return time_rounds(lambda: trainer.train_round(greedy_eval=False), rounds, steps)
+
+
+def env_steps(vec, actions: int, steps: int, repeats: int) -> dict:
+    """Random actions through `vec` for `steps` steps, one compiled scan."""
+    def run(key):
+        _, vstate = vec.reset(key)
+
+        def body(vstate, k):
+            k_act, k_step = jax.random.split(k)
+            action = jax.random.randint(k_act, (vec.num_envs,), 0, actions)
+            vstate = vec.step(k_step, vstate, action)[1]
+            return vstate, None
+
+        return jax.lax.scan(body, vstate, jax.random.split(key, steps))[0]
+
+    compile_s, run_s = time_compiled(run, jax.random.key(0), repeats=repeats)
+    return {"compile_s": compile_s, "run_s": run_s, "steps_per_s": steps * vec.num_envs / run_s}
+
+
+def policy_parts(trainer: SkillTrainer, flat_ppo, flat_runner, library, name: str, experts: dict, repeats: int,
+                 key: jax.Array) -> dict:
+    """`act` and `grad` of flat PPO's network and of `name`'s skill policy, on the skill env's observations."""
+    c = trainer.config.ppo_config()
+    params_env, extra = trainer._slot_inputs(library, name, experts)
+    plan_len = int(extra["experts"]["plan_len"])
+    from jaxrl_hier.skills.trainer import bank_rows
+
+    rows = bank_rows(plan_len, trainer.config.max_experts, trainer.config.bank_shapes)
+    extra = {"experts": {"actor": jax.tree.map(lambda w: jnp.asarray(w[:rows]), extra["experts"]["actor"]),
+                         "plan_len": jnp.int32(plan_len)}}
+    variables = trainer.policy.init(key, jax.tree.map(lambda x: x[None], trainer.env.reset(key, params_env)[0]))
+    params = variables["params"]
+    flat_params = jax.tree.map(lambda x: x[0], flat_runner.train_state.params)  # seed axis of 1
+
+    def observations(n: int, k: jax.Array) -> dict:
+        obs, _ = jax.vmap(trainer.env.reset, in_axes=(0, None))(jax.random.split(k, n), params_env)
+        # Rows spread over every expert of the plan and the new one, as a deep skill's rollout has them.
+        return {**obs, "expert": jax.random.randint(k, (n,), 0, plan_len + 1).astype(obs["expert"].dtype)}
+
+    act_obs = observations(c.num_envs, key)
+    batch = c.num_envs * c.num_steps // c.num_minibatches
+    grad_obs = observations(batch, jax.random.fold_in(key, 1))
+    actions = jax.random.randint(key, (batch,), 0, int(trainer.env.action_space(params_env).n))
+
+    def act_skill(p, obs, k):
+        pi, value = trainer.policy.apply({"params": p, **extra}, obs)
+        action = pi.sample(seed=k)
+        return action, pi.log_prob(action), value
+
+    def act_flat(p, obs, k):
+        pi, value = flat_ppo.apply(p, {}, obs["obs"])
+        action = pi.sample(seed=k)
+        return action, pi.log_prob(action), value
+
+    def loss_of(pi, value):
+        return (pi.log_prob(actions).mean() + 0.01 * pi.entropy().mean() + jnp.square(value).mean())
+
+    def grad_skill(p, obs):
+        return jax.grad(lambda p: loss_of(*trainer.policy.apply({"params": p, **extra}, obs)))(p)
+
+    def grad_routed(p, obs):
+        def loss(p):
+            pi, value = trainer.policy.apply({"params": p, **extra}, obs)
+            return loss_of(distrax.Categorical(logits=pi.logits), value)
+
+        return jax.grad(loss)(p)
+
+    def grad_flat(p, obs):
+        return jax.grad(lambda p: loss_of(*flat_ppo.apply(p, {}, obs["obs"])))(p)
+
+    out = {"plan_len": plan_len, "bank_rows": rows}
+    for part, fn, args in (("act_flat", act_flat, (flat_params, act_obs, key)),
+                           ("act_skill", act_skill, (params, act_obs, key)),
+                           ("grad_flat", grad_flat, (flat_params, grad_obs)),
+                           ("grad_skill", grad_skill, (params, grad_obs)),
+                           ("grad_routed", grad_routed, (params, grad_obs))):
+        compile_s, run_s = time_compiled(fn, *args, repeats=repeats)
+        out[part] = {"compile_s": compile_s, "run_s": run_s}
+    return out
+
+
+def eval_part(trainer: SkillTrainer, repeats: int) -> dict:
+    runner = trainer.runner
+    args = (runner.train_state.params, runner.extra_variables, runner.env_params, runner.key)
+    fn = jax.jit(jax.vmap(trainer._greedy_eval, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
+    compile_s, run_s = time_compiled(lambda *a: fn(*a, trainer.eval_steps), *args, repeats=repeats)
+    return {"compile_s": compile_s, "run_s": run_s, "every": trainer.config.greedy_eval_every}
+
+
+def markdown(result: dict) -> str:
+    info, flat = result["device"], result["round"]["flat PPO"]
+    lines = [f"# Skills round profile: {result['env']}", "",
+             f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; config `{result['config']}` "
+             f"({' '.join(result['overrides']) or 'as shipped'})"
+             + ("." if result["complete"] else "; cut short: the parts measured before it stopped."), "",
+             "| program | env steps/s | x flat PPO | round s | first round s |", "|---|---:|---:|---:|---:|"]
+    for name, r in result["round"].items():
+        lines.append(f"| {name} | {r['steps_per_s']:,.0f} | {r['steps_per_s'] / flat['steps_per_s']:.2f} | "
+                     f"{r['round_s']:.2f} | {r['first_round_s']:.1f} |")
+    if "base" in result["env_only"]:
+        lines += ["", "| env alone | env steps/s | x base env |", "|---|---:|---:|"]
+        base = result["env_only"]["base"]["steps_per_s"]
+        for name, r in result["env_only"].items():
+            lines.append(f"| {name} | {r['steps_per_s']:,.0f} | {r['steps_per_s'] / base:.2f} |")
+    lines += ["", "| skill (plan length, bank rows) | act ms: flat / skill | grad ms: flat / skill as trained / routed |",
+              "|---|---:|---:|"]
+    for name, r in result["policy"].items():
+        ms = {k: 1e3 * v["run_s"] for k, v in r.items() if isinstance(v, dict)}
+        lines.append(f"| {name} ({r['plan_len']}, {r['bank_rows']}) | {ms['act_flat']:.2f} / {ms['act_skill']:.2f} | "
+                     f"{ms['grad_flat']:.2f} / {ms['grad_skill']:.2f} / {ms['grad_routed']:.2f} |")
+    if result.get("eval"):
+        e = result["eval"]
+        lines += ["", f"Greedy evaluation of every slot: {e['run_s']:.2f} s, every {e['every']} rounds "
+                      f"(compile {e['compile_s']:.1f} s)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/skills_craftax_classic.yaml")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--skills", nargs="+", default=["collect_wood", "make_wood_pickaxe", "make_stone_pickaxe"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--together", action="store_true",
+                   help="also time the listed skills in one round (one slot each) and the greedy evaluation")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the skills config")
+    args = p.parse_args(argv)
+    try:
+        config = load_config(SkillsConfig, resolve_config(args.config), args.overrides)
+        catalog = check_config(config)
+        unknown = [s for s in args.skills if s not in catalog]
+        if unknown:
+            raise ConfigError(f"--skills names {', '.join(unknown)}, not in the library '{config.library}'.")
+        if len(args.skills) > config.max_parallel_skills:
+            raise ConfigError(f"--skills names {len(args.skills)} skills; the config runs "
+                              f"{config.max_parallel_skills} at once: raise max_parallel_skills=N or name fewer.")
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    library = catalog  # a fresh run's skills are the catalog's
+    trainer = SkillTrainer(config, catalog)
+    names = set().union(*(library.closure(s) for s in args.skills))
+    experts = random_experts(trainer, names, jax.random.key(config.seed))
+    result = {"config": str(args.config), "overrides": args.overrides, "env": config.env, "device": device_info(),
+              "updates_per_round": config.updates_per_round, "skills": args.skills, "complete": False,
+              "round": {}, "env_only": {}, "policy": {}}
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save(line: str) -> None:  # after every part: a run cut short keeps what it measured
+        print(line, flush=True)
+        atomic_write_json(args.out / "skills_speed.json", result)
+        atomic_write_text(args.out / "skills_speed.md", markdown(result))
+
+    flat, flat_ppo, flat_runner = flat_round(config, args.rounds)
+    result["round"]["flat PPO"] = flat
+    save(f"flat PPO: {flat['steps_per_s']:,.0f} env steps/s")
+    steps = config.updates_per_round * config.ppo_config().num_steps
+    num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
+    result["env_only"]["base"] = env_steps(flat_ppo.vec_env(trainer.base_params), num_actions, steps, args.repeats)
+    save(f"base env alone: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
+    for name in args.skills:
+        result["round"][name] = skills_round(trainer, library, [name], experts, args.rounds, config.seed)
+        vec = trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
+        result["env_only"][name] = env_steps(vec, num_actions, steps, args.repeats)
+        result["policy"][name] = policy_parts(trainer, flat_ppo, flat_runner, library, name, experts, args.repeats,
+                                              jax.random.key(config.seed))
+        ms = {k: round(v["run_s"] * 1e3, 2) for k, v in result["policy"][name].items() if isinstance(v, dict)}
+        save(f"{name}: round {result['round'][name]['steps_per_s']:,.0f} env steps/s, env alone "
+             f"{result['env_only'][name]['steps_per_s']:,.0f}; policy ms {ms}")
+    if args.together and len(args.skills) > 1:
+        label = " + ".join(args.skills)
+        result["round"][label] = skills_round(trainer, library, list(args.skills), experts, args.rounds, config.seed)
+        result["eval"] = eval_part(trainer, args.repeats)
+        save(f"{label}: {result['round'][label]['steps_per_s']:,.0f} env steps/s")
+    result["complete"] = True
+    save(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
