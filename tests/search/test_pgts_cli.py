@@ -87,8 +87,8 @@ def test_stop_after_ends_the_pipeline_at_a_stage_and_a_resume_lifts_it(tmp_path,
 def test_pipeline_end_to_end(tmp_path, capsys):
     """Our shipped config: swap siblings, the likelihood verifier with its own SFT stage under
     reward_model/sft, PPO started from the threshold rule by imitation. (The paper's config, with
-    sampled siblings, the classifier reward model and PPO from scratch, runs end to end in
-    test_pgts_reward_model_bench.py, which benchmarks that run.)"""
+    sampled siblings, the classifier reward model and PPO from scratch, runs through its PPO stage
+    in test_pgts_reward_model_bench.py, which benchmarks that run.)"""
     out = tmp_path / "run"
     args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY,
             "imitation_steps=3"]
