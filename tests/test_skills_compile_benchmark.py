@@ -45,7 +45,7 @@ def test_report_tables_every_settings_file(tmp_path):
 
 
 def test_skills_speed_refuses_bad_skills_before_compiling(tmp_path, capsys):
-    """benchmarks/skills/skills_speed.py: unknown skills, or more than the config runs at once, exit 2
+    """benchmarks/skills/skills_speed.py: unknown skills, or more --together than the config runs at once, exit 2
     with a message naming the fix, before any program is built or the output folder is made."""
     from benchmarks.skills import skills_speed
 
@@ -53,7 +53,7 @@ def test_skills_speed_refuses_bad_skills_before_compiling(tmp_path, capsys):
     assert skills_speed.main(["--config", config, "--out", str(tmp_path / "o"), "--skills", "collect_wod"]) == 2
     assert "collect_wod" in capsys.readouterr().err
     many = ["collect_wood", "place_table", "make_wood_pickaxe", "collect_stone"]
-    assert skills_speed.main(["--config", config, "--out", str(tmp_path / "o"), "--skills", *many]) == 2
+    assert skills_speed.main(["--config", config, "--out", str(tmp_path / "o"), "--skills", *many, "--together"]) == 2
     assert "max_parallel_skills" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 

@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [s for s in args.skills if s not in catalog]
         if unknown:
             raise ConfigError(f"--skills names {', '.join(unknown)}, not in the library '{config.library}'.")
-        if len(args.skills) > config.max_parallel_skills:
-            raise ConfigError(f"--skills names {len(args.skills)} skills; the config runs "
+        if args.together and len(args.skills) > config.max_parallel_skills:
+            raise ConfigError(f"--together with {len(args.skills)} skills; the config runs "
                               f"{config.max_parallel_skills} at once: raise max_parallel_skills=N or name fewer.")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
