@@ -16,7 +16,7 @@ out=$1 wall=$2 config=$3
 shift 3
 seeds=${*:-0 1 2}
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
-export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
+source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 work=${WORK:-/tmp/multiturn}
 name=$(basename "$config" .yaml)
 end=$((SECONDS + wall))

@@ -52,16 +52,12 @@ fi
 mkdir -p "$out" "$results"
 [ -f "$peer/ppo.py" ] || { echo "no Craftax_Baselines checkout at $peer (PEER_DIR)"; exit 2; }
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
+source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD  # jaxrl_hier from this tree
-export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
-mkdir -p "$JAX_COMPILATION_CACHE_DIR"
-if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
-  tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
-fi
 [ -f "$results/ppo_vs_peer.json" ] && cp "$results/ppo_vs_peer.json" "$out/"
 "${cmd[@]}"
 rc=$?
 cp "$out"/ppo_vs_peer.* "$results"/ 2>/dev/null
-tar czf "$out/xla_cache.tgz" -C "$JAX_COMPILATION_CACHE_DIR" . && echo "xla cache out: $(du -sh "$out/xla_cache.tgz")"
+xla_cache_out
 echo "ppo_vs_peer exit code $rc; results in $out and $results"
 exit $rc

@@ -25,12 +25,8 @@ out=$(cd "$out" && pwd)
 # in one process after the skills process has exited; keep the old split for the skills process).
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.45}
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
+source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 work=$(mktemp -d)
-export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
-mkdir -p "$JAX_COMPILATION_CACHE_DIR"
-if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
-  tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
-fi
 run="$work/run"
 if [ -n "${RUN_IN:-}" ]; then
   tar xzf "$RUN_IN" -C "$work" || exit 1
@@ -68,6 +64,6 @@ then
   cp "$work"/compare/skills_vs_ppo.* "$out"/ 2>/dev/null
 fi
 tar czf "$out/run.tgz" --exclude=xla_cache -C "$work" run && echo "run out: $(du -sh "$out/run.tgz")"
-tar czf "$out/xla_cache.tgz" -C "$JAX_COMPILATION_CACHE_DIR" . && echo "xla cache out: $(du -sh "$out/xla_cache.tgz")"
+xla_cache_out
 echo "exit code $rc"
 exit $rc

@@ -22,19 +22,14 @@ mkdir -p "$out"
 # Two JAX processes share the GPU (the skills run is a subprocess): each takes under half of it.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
+source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 work=$(mktemp -d)
-# One persistent compilation cache for the skills run (a subprocess), flat PPO and the evaluations.
-export JAX_COMPILATION_CACHE_DIR=/tmp/xla_cache
-mkdir -p "$JAX_COMPILATION_CACHE_DIR"
-if [ -n "${XLA_CACHE_IN:-}" ] && [ -f "$XLA_CACHE_IN" ]; then
-  tar xzf "$XLA_CACHE_IN" -C "$JAX_COMPILATION_CACHE_DIR" && echo "xla cache in: $(ls "$JAX_COMPILATION_CACHE_DIR" | wc -l) entries"
-fi
 # POST_S: the time left after the skills run for flat PPO and the evaluations (H200: about 4 minutes)
 timeout $((wall + ${POST_S:-330})) python3 benchmarks/skills/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
   --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"
 rc=$?
 cp "$work"/skills_vs_ppo.* "$out"/ 2>/dev/null
 tar czf "$out/skills_run.tgz" --exclude=checkpoints --exclude=expert --exclude=xla_cache -C "$work" skills_seed0
-tar czf "$out/xla_cache.tgz" -C "$JAX_COMPILATION_CACHE_DIR" . && echo "xla cache out: $(du -sh "$out/xla_cache.tgz")"
+xla_cache_out
 echo "skills_vs_ppo exit code $rc"
 exit $rc
