@@ -48,12 +48,11 @@ from jaxrl_hier.config import ConfigError, load_config, resolve_config
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.config import SkillsConfig
-from jaxrl_hier.skills.trainer import SkillTrainer
+from jaxrl_hier.skills.trainer import SkillTrainer, bank_rows
 
 
 def random_experts(trainer: SkillTrainer, names: set[str], key: jax.Array) -> dict:
-    obs_dim = int(np.prod(trainer.env.base.observation_space(trainer.base_params).shape))
-    return {n: jax.tree.map(np.asarray, trainer.policy.init_expert(jax.random.fold_in(key, i), obs_dim))
+    return {n: jax.tree.map(np.asarray, trainer.policy.init_expert(jax.random.fold_in(key, i), trainer._obs_dim))
             for i, n in enumerate(sorted(names))}
 
 
@@ -120,8 +119,6 @@ def policy_parts(trainer: SkillTrainer, flat_ppo, flat_runner, library, name: st
     c = trainer.config.ppo_config()
     params_env, extra = trainer._slot_inputs(library, name, experts)
     plan_len = int(extra["experts"]["plan_len"])
-    from jaxrl_hier.skills.trainer import bank_rows
-
     rows = bank_rows(plan_len, trainer.config.max_experts, trainer.config.bank_shapes)
     extra = {"experts": {"actor": jax.tree.map(lambda w: jnp.asarray(w[:rows]), extra["experts"]["actor"]),
                          "plan_len": jnp.int32(plan_len)}}
@@ -179,8 +176,8 @@ def policy_parts(trainer: SkillTrainer, flat_ppo, flat_runner, library, name: st
 def eval_part(trainer: SkillTrainer, repeats: int) -> dict:
     runner = trainer.runner
     args = (runner.train_state.params, runner.extra_variables, runner.env_params, runner.key)
-    fn = jax.jit(jax.vmap(trainer._greedy_eval, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
-    compile_s, run_s = time_compiled(lambda *a: fn(*a, trainer.eval_steps), *args, repeats=repeats)
+    # The trainer's own jitted evaluation; its horizon is a static argument, so it is bound here.
+    compile_s, run_s = time_compiled(lambda *a: trainer._eval(*a, trainer.eval_steps), *args, repeats=repeats)
     return {"compile_s": compile_s, "run_s": run_s, "every": trainer.config.greedy_eval_every}
 
 
