@@ -29,6 +29,9 @@ class ManagerConfig:
     ent_coef: float = 0.01
     dispatch: str = "gather"  # how the experts' rows are evaluated inside an option (skills.moe)
     greedy_experts: bool = False  # experts act greedily inside options (the manager still samples)
+    # The manager may also take each base action itself, a one-step option trained on the base reward:
+    # it covers what no skill does (a failed eat_cow) besides choosing skills.
+    primitives: bool = False
 
     def validate(self) -> None:
         if self.timesteps < 0:

@@ -26,6 +26,12 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
   the expert that option routes to (`rows`, computed by the env from the live state), and samples
   that expert's base action through the mixture's gather dispatch; the env receives both as one
   integer, option * A + base action.
+- With `primitives` the manager may also act itself: each base action is one more choice, an
+  option of one step (the options framework counts primitive actions as options), sampled from
+  the manager's own distribution and so trained on the base reward like flat PPO's policy. Where a
+  skill is missing or weak (no eat_cow expert, a pickaxe skill that fails), the manager can still
+  take the achievement step by step; where a skill is good, one decision buys many steps.
+  A choice c < K is skill c; a choice c >= K is base action c - K, encoded as c * A + (c - K).
 
 `ManagerTrainer` builds the PPO program; the scheduler runs it after chain fine-tuning, in chunks of
 `updates_per_round` updates, checkpointed like every stage, and saves the manager under
@@ -120,11 +126,12 @@ def acting_rows(q: jax.Array, options: Options) -> jax.Array:
 
 
 class ManagerEnv(Environment):
-    """The base env under options; an action is option * A + base action (see the module docstring)."""
+    """The base env under options; an action is choice * A + base action (see the module docstring).
+    With `primitives` the choices are the K skills and then the A base actions, each a one-step option."""
 
-    def __init__(self, skill_env: Any, num_actions: int):
+    def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False):
         self.skill_env, self.base = skill_env, skill_env.base
-        self.num_actions = int(num_actions)
+        self.num_actions, self.primitives = int(num_actions), bool(primitives)
         self.name = f"Manager({self.base.name})"
         self.achievement_names = tuple(getattr(self.base, "achievement_names", ()))
 
@@ -132,9 +139,13 @@ class ManagerEnv(Environment):
         q = self.skill_env.quantities(base_state)
         free = ~option_holds(q, params.options)
         free = jnp.where(free.any(), free, True)  # every skill holds: any option may run
-        running = option >= 0
+        rows = acting_rows(q, params.options)
+        if self.primitives:  # every base action may always be taken; it has no expert row
+            free = jnp.concatenate([free, jnp.ones(self.num_actions, bool)])
+            rows = jnp.concatenate([rows, jnp.zeros(self.num_actions, rows.dtype)])
+        running = option >= 0  # only a skill runs past its first step
         mask = jnp.where(running, jnp.arange(free.shape[0]) == option, free)
-        return {"obs": base_obs, "action_mask": mask, "rows": acting_rows(q, params.options), "running": running}
+        return {"obs": base_obs, "action_mask": mask, "rows": rows, "running": running}
 
     def reset(self, key: jax.Array, params: ManagerParams):
         base_obs, base_state = self.base.reset(key, params.base)
@@ -147,8 +158,10 @@ class ManagerEnv(Environment):
                                                                                    params.base)
         steps = jnp.where(state.option == option, state.steps, 0) + 1
         q = self.skill_env.quantities(base_state)
-        holds = conditions_hold(q, jax.tree.map(lambda x: x[option], params.options.success))
-        ends = holds | (steps >= params.option_steps) | terminated | truncated
+        num_skills = params.options.plan_len.shape[0]
+        skill = jnp.minimum(option, num_skills - 1)  # a primitive choice reads some row; it ends anyway
+        holds = conditions_hold(q, jax.tree.map(lambda x: x[skill], params.options.success))
+        ends = holds | (option >= num_skills) | (steps >= params.option_steps) | terminated | truncated
         option = jnp.where(ends, -1, option).astype(jnp.int32)
         state = ManagerState(base_state, option, jnp.where(ends, 0, steps).astype(jnp.int32))
         return self._observe(base_obs, base_state, option, params), state, reward, terminated, truncated, info
@@ -156,8 +169,11 @@ class ManagerEnv(Environment):
     def observation_space(self, params: ManagerParams):
         return self.base.observation_space(params.base)
 
+    def num_choices(self, params: ManagerParams) -> int:
+        return int(params.options.plan_len.shape[0]) + (self.num_actions if self.primitives else 0)
+
     def action_space(self, params: ManagerParams):
-        return Discrete(int(params.options.plan_len.shape[0]) * self.num_actions)
+        return Discrete(self.num_choices(params) * self.num_actions)
 
     def achievements(self, state: ManagerState) -> jax.Array:
         return self.base.achievements(state.base)
@@ -167,19 +183,21 @@ class ManagerEnv(Environment):
 
 
 class OptionPolicy:
-    """The manager's distribution over options with the chosen option's expert inside `sample`.
-    `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics."""
+    """The manager's distribution over its choices with the chosen skill's expert inside `sample`.
+    `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics.
+    Choices from `num_skills` on are the manager's own base actions (`primitives`)."""
 
     def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable[[jax.Array], jax.Array],
-                 num_actions: int, greedy_experts: bool = False):
+                 num_actions: int, num_skills: int, greedy_experts: bool = False):
         self.logits, self.rows, self.expert_logits = logits, rows, expert_logits
-        self.num_actions, self.greedy_experts = num_actions, greedy_experts
+        self.num_actions, self.num_skills, self.greedy_experts = num_actions, num_skills, greedy_experts
         self.manager = distrax.Categorical(logits=logits)
 
     def _with_expert(self, option: jax.Array, key: jax.Array | None) -> jax.Array:
         row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
         logits = self.expert_logits(row)
         base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
+        base = jnp.where(option >= self.num_skills, option - self.num_skills, base)
         return (option * self.num_actions + base).astype(jnp.int32)
 
     def sample(self, seed: jax.Array) -> jax.Array:
@@ -202,8 +220,9 @@ class ManagerPolicy:
     in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`."""
 
     def __init__(self, bank: Any, num_options: int, num_actions: int, hidden_size: int, num_layers: int,
-                 activation: str, dispatch: str = "gather", greedy_experts: bool = False):
-        self.bank, self.num_options, self.num_actions = bank, num_options, num_actions
+                 activation: str, dispatch: str = "gather", greedy_experts: bool = False, primitives: bool = False):
+        self.bank, self.num_skills, self.num_actions = bank, num_options, num_actions
+        self.num_options = num_options + (num_actions if primitives else 0)  # the manager's choices
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
         self.dispatch, self.greedy_experts = dispatch, greedy_experts
 
@@ -225,7 +244,8 @@ class ManagerPolicy:
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         expert_logits = lambda rows: mix(bank, x, rows, act)  # noqa: E731  (run only when an action is sampled)
         value = mlp_apply(params["critic"], features, act)[:, 0]
-        return OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.greedy_experts), value
+        return (OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.num_skills,
+                             self.greedy_experts), value)
 
 
 def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) -> list[str]:
@@ -247,8 +267,8 @@ class ManagerTrainer(PPOStage):
         num_actions = int(skill_env.base.action_space(base_params).n)
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
                                num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation, config.manager.dispatch,
-                               config.manager.greedy_experts)
-        super().__init__(config, ppo, ManagerEnv(skill_env, num_actions),
+                               config.manager.greedy_experts, config.manager.primitives)
+        super().__init__(config, ppo, ManagerEnv(skill_env, num_actions, config.manager.primitives),
                          ManagerParams(base_params, options, np.int32(config.manager.option_steps)), policy)
 
     def params_like(self) -> dict:
@@ -293,8 +313,8 @@ class ManagedAgent:
     def __init__(self, trainer: ManagerTrainer):
         self.env, self.policy = trainer.env, trainer.policy
         self.skill_env = trainer.env.skill_env
-        self.bank_names = trainer.bank_names
-        self.labels = [f"{o} ({e})" for o in trainer.names for e in trainer.bank_names]
+        self.bank_names, self.num_skills = trainer.bank_names, len(trainer.names)
+        self.labels = [f"{o} ({e})" for o in trainer.names for e in trainer.bank_names] + ["manager (base action)"]
         self._evaluate = jax.jit(self._play, static_argnums=(2, 3, 4))
 
     def managed(self, trainer: ManagerTrainer, manager_params: dict, watch: Conditions) -> Managed:
@@ -302,12 +322,14 @@ class ManagedAgent:
         return jax.tree.map(jnp.asarray, Managed(trainer.params, variables, watch))
 
     def actions(self, managed: Managed, obs: dict, key: jax.Array, greedy: bool) -> tuple[jax.Array, jax.Array]:
-        """(actions [N] for `ManagerEnv`, label index [N]: option * bank size + acting bank row)."""
+        """(actions [N] for `ManagerEnv`, label index [N]: option * bank size + acting bank row, or the
+        last label where the manager took a base action itself)."""
         pi, _ = self.policy.apply(managed.variables, obs)
         action = pi.mode() if greedy else pi.sample(seed=key)
         option = action // self.env.num_actions
         row = jnp.take_along_axis(obs["rows"], option[:, None], axis=1)[:, 0]
-        return action, option * len(self.bank_names) + row
+        label = jnp.where(option >= self.num_skills, len(self.labels) - 1, option * len(self.bank_names) + row)
+        return action, label
 
     def held(self, managed: Managed, state: ManagerState) -> jax.Array:
         return jax.vmap(lambda s: conditions_hold(self.skill_env.quantities(s), managed.watch))(state.base)

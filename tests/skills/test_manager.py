@@ -96,6 +96,40 @@ def test_every_skill_holding_lets_every_option_start():
     assert obs["action_mask"].tolist() == [True]
 
 
+def test_a_primitive_choice_takes_its_base_action_for_one_step():
+    """With `primitives` the manager's choices are the skills, then every base action: a base action
+    acts itself (no expert), ends after one step, and its log-probability is the manager's."""
+    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table"]
+    bank_names = option_bank_names(lib, names)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in bank_names}  # the experts would noop
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
+    env, acts = trainer.env, skill_env.base.action_names
+    assert trainer.env.action_space(trainer.params).n == (2 + len(acts)) * len(acts)
+    obs, state = env.reset(jax.random.key(0), trainer.params)
+    state = hand_made_world(env, state)  # the observation stays the reset's: the manager below ignores it
+    obs = env._observe(obs["obs"], state.base, state.option, trainer.params)
+    assert obs["action_mask"].tolist() == [True] * (2 + len(acts)) and obs["rows"].shape == (2 + len(acts),)
+    do = 2 + acts.index("do")  # the manager's own "do" next to the tree
+    batch = jax.tree.map(lambda x: x[None], obs)
+    params = trainer.policy.init(jax.random.key(1), batch)["params"]
+    last = params["actor"][-1]
+    last["kernel"], last["bias"] = jnp.zeros_like(last["kernel"]), jnp.full_like(last["bias"], -50.0).at[do].set(50.0)
+    agent = ManagedAgent(trainer)
+    managed = agent.managed(trainer, params, skill_env.conditions([lib["collect_wood"]]))
+    pi, _ = trainer.policy.apply(managed.variables, batch)
+    action, label = agent.actions(managed, batch, jax.random.key(2), False)
+    assert int(action[0]) == do * len(acts) + acts.index("do")  # not the experts' noop
+    assert agent.labels[int(label[0])] == "manager (base action)"
+    assert float(pi.log_prob(action)[0]) == pytest.approx(float(jax.nn.log_softmax(pi.logits)[0, do]))
+    obs, state, reward, *_ = jax.jit(env.step)(jax.random.key(3), state, action[0], trainer.params)
+    assert float(reward) == 1.0 and int(state.option) == -1 and not obs["running"]  # one step, then a decision
+    assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held
+
+
 def test_forced_steps_carry_no_gradient_and_a_decision_gets_the_option_return_discounted_over_its_length():
     """Inside an option the mask holds one option: log-prob and entropy 0, no policy gradient.
     With GAE's lambda = 1 the decision's target is the option's rewards discounted step by step
