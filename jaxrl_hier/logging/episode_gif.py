@@ -22,35 +22,46 @@ TEXT = (235, 235, 235)
 NEW = (255, 210, 60)  # achievements unlocked at this very frame
 
 
-def rollout_frames(trainer, runner, key: jax.Array, max_steps: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Frames [T, H, W, 3] of one episode of seed 0's policy (sampled actions), cut at its end, and
-    the achievements unlocked so far at each frame [T, num_achievements] (None if the env has none)."""
-    env, env_params = trainer.env, trainer.env_params
-    # Host copies of seed 0's (replicated) weights: the rollout then runs on this process's own
-    # device, so in a multi-process run process 0 can draw it alone.
-    params = jax.tree.map(lambda x: np.asarray(x)[0], runner.train_state.params)
-    extra = jax.tree.map(lambda x: np.asarray(x)[0], runner.extra_variables)
+def record_episode(env, params, act, key: jax.Array, max_steps: int):
+    """One episode of `env` drawn frame by frame: `act(obs [1, ...], state [1, ...], key) -> (actions [1],
+    label [1])` picks each action and names what acted (a label of 0 where nothing needs naming).
+    Returns frames [T, H, W, 3], label [T] and the achievements unlocked so far at each frame [T, A]
+    (None if the env has none), cut at the episode's end. NotImplementedError: no renderer."""
     has_achievements = hasattr(env, "achievements")
 
     def episode(key):
         key, k_reset = jax.random.split(key)
-        obs, state = env.reset(k_reset, env_params)
+        obs, state = env.reset(k_reset, params)
 
         def step(carry, _):
             obs, state, key, alive = carry
             key, k_act, k_step = jax.random.split(key, 3)
-            frame = env.render(state, env_params)
+            frame = env.render(state, params)
             unlocked = env.achievements(state) if has_achievements else jnp.zeros((0,), bool)
-            pi, _ = trainer.apply(params, extra, jax.tree.map(lambda x: x[None], obs))
-            action = pi.sample(seed=k_act)[0]
-            obs, state, _, terminated, truncated, _ = env.step(k_step, state, action, env_params)
-            return (obs, state, key, alive & ~(terminated | truncated)), (frame, unlocked, alive)
+            action, label = act(*jax.tree.map(lambda x: x[None], (obs, state)), k_act)
+            obs, state, _, terminated, truncated, _ = env.step(k_step, state, action[0], params)
+            return (obs, state, key, alive & ~(terminated | truncated)), (frame, label[0], unlocked, alive)
 
-        _, out = jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)
-        return out
+        return jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)[1]
 
-    frames, unlocked, alive = (np.asarray(x) for x in jax.jit(episode)(key))
-    return frames[alive], (unlocked[alive] if has_achievements else None)
+    frames, label, unlocked, alive = (np.asarray(x) for x in jax.jit(episode)(key))
+    return frames[alive], label[alive], (unlocked[alive] if has_achievements else None)
+
+
+def rollout_frames(trainer, runner, key: jax.Array, max_steps: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Frames [T, H, W, 3] of one episode of seed 0's policy (sampled actions), cut at its end, and
+    the achievements unlocked so far at each frame [T, num_achievements] (None if the env has none)."""
+    # Host copies of seed 0's (replicated) weights: the rollout then runs on this process's own
+    # device, so in a multi-process run process 0 can draw it alone.
+    params = jax.tree.map(lambda x: np.asarray(x)[0], runner.train_state.params)
+    extra = jax.tree.map(lambda x: np.asarray(x)[0], runner.extra_variables)
+
+    def act(obs, state, key):
+        pi, _ = trainer.apply(params, extra, obs)
+        return pi.sample(seed=key), jnp.zeros((1,), jnp.int32)
+
+    frames, _, unlocked = record_episode(trainer.env, trainer.env_params, act, key, max_steps)
+    return frames, unlocked
 
 
 def _font(size: int):

@@ -31,9 +31,10 @@ import numpy as np
 from flax import struct
 
 from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.logging.episode_gif import record_episode, write_annotated_gif
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import (Composition, EpisodeStats, build_composition, choose_target, episode_limit,
-                                           play_episodes, record_episode)
+                                           play_episodes)
 from jaxrl_hier.skills.env import conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
@@ -144,7 +145,6 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
     `agent` is a `ComposedAgent` or, with `manager` (the state file's record of the manager stage), a
     `skills.manager.ManagedAgent`; `labels` name what its `episode_frames` reports as acting (default
     `plan`)."""
-    from jaxrl_hier.logging.episode_gif import write_annotated_gif
 
     out = Path(run_dir) / subdir
     out.mkdir(parents=True, exist_ok=True)

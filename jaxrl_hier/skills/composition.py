@@ -111,29 +111,3 @@ def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: 
 
     carry = (jnp.int32(0), obs, state, jnp.ones(episodes, bool), stats, key)
     return jax.lax.while_loop(cond, body, carry)[4]
-
-
-
-def record_episode(env: Any, params: Any, act, key: jax.Array, max_steps: int):
-    """One episode of `env` drawn frame by frame: `act(obs [1, ...], state [1, ...], key) -> (actions [1],
-    label [1])` picks each action and names what acted. Returns frames [T, H, W, 3], label [T] and the
-    achievements [T, A] at each frame, cut at the episode's end (NotImplementedError: no renderer)."""
-
-    def run(key):
-        k_reset, key = jax.random.split(key)
-        obs, state = env.reset(k_reset, params)
-
-        def step(carry, _):
-            obs, state, key, alive = carry
-            key, k_act, k_step = jax.random.split(key, 3)
-            frame = env.render(state, params)
-            batch = jax.tree.map(lambda x: x[None], (obs, state))
-            action, label = act(batch[0], batch[1], k_act)
-            unlocked = env.achievements(state)
-            obs, state, _, terminated, truncated, _ = env.step(k_step, state, action[0], params)
-            return (obs, state, key, alive & ~(terminated | truncated)), (frame, label[0], unlocked, alive)
-
-        return jax.lax.scan(step, (obs, state, key, jnp.bool_(True)), None, max_steps)[1]
-
-    frames, label, unlocked, alive = (np.asarray(x) for x in jax.jit(run)(key))
-    return frames[alive], label[alive], unlocked[alive]

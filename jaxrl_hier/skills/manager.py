@@ -52,7 +52,8 @@ from flax import struct
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.spaces import Discrete
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
-from jaxrl_hier.skills.composition import EpisodeStats, play_episodes, record_episode
+from jaxrl_hier.logging.episode_gif import record_episode
+from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
