@@ -1,6 +1,7 @@
 """Shared pieces of the benchmark scripts under `benchmarks/`: device and version info, the
-timing of a compiled function with compile time kept apart from run time, and the mean and
-standard error of a figure over seeds."""
+timing of a compiled function with compile time kept apart from run time (also chained over an
+env's state, with a random-action rollout to chain), and the mean and standard error of a figure
+over seeds."""
 
 from __future__ import annotations
 
@@ -115,6 +116,55 @@ def time_compiled(fn: Callable, *args: Any, repeats: int = 3) -> tuple[float, fl
         jax.block_until_ready(compiled(*args))
         best = min(best, time.perf_counter() - t0)
     return compile_s, best
+
+
+def timed_chained(fn, key, vstate, warmup_calls: int, repeats: int = 2):
+    """Like `time_compiled`, but each call continues from the env state the previous one returned.
+
+    `fn(key, vstate) -> (vstate, total_reward, episodes)`. The first `warmup_calls` calls are
+    not timed: starting from a fresh reset almost no episode ends (Craftax random-policy
+    episodes last 140-390 steps), so without warm-up the reset schemes' refills never run.
+    Returns (compile s, best call s, episodes that ended in the timed calls).
+    """
+    import jax
+
+    t0 = time.perf_counter()
+    compiled = fn.lower(key, vstate).compile()
+    compile_s = time.perf_counter() - t0
+    for i in range(max(warmup_calls, 1)):  # at least one un-timed call (first-run overheads)
+        vstate, _, _ = jax.block_until_ready(compiled(jax.random.fold_in(key, i), vstate))
+    best, episodes = math.inf, 0
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        vstate, _, eps = jax.block_until_ready(compiled(jax.random.fold_in(key, 10_000 + i), vstate))
+        best = min(best, time.perf_counter() - t0)
+        episodes += int(eps)
+    return compile_s, best, episodes
+
+
+def random_rollout(vec, num_actions: int, steps: int):
+    """`fn(key, vstate) -> (vstate, total reward, episodes ended)`: `steps` steps of uniformly random
+    actions through the vectorised env `vec`, one scan (with `timed_chained`, calls continue the
+    worlds the previous one left, so a timed call pays the resets of episodes that end, not a fresh
+    reset of every env)."""
+    import jax
+    import jax.numpy as jnp
+
+    def rollout(key, vstate):
+        def body(carry, k):
+            vstate, total, episodes = carry
+            k_act, k_env = jax.random.split(k)
+            action = jax.random.randint(k_act, (vec.num_envs,), 0, num_actions)
+            _, vstate, reward, terminated, truncated, info = vec.step(k_env, vstate, action)
+            # Episodes that ended (with reset_mode "none" a dead env counts again every step).
+            ended = info["returned_episode"].sum(dtype=jnp.int32)
+            return (vstate, total + reward.sum(), episodes + ended), None
+
+        init = (vstate, jnp.float32(0), jnp.int32(0))
+        (vstate, total, episodes), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
+        return vstate, total, episodes
+
+    return rollout
 
 
 def mean_se(xs: list[float | None]) -> tuple[float | None, float | None]:

@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
-from jaxrl_hier.bench import device_info
+from jaxrl_hier.bench import device_info, random_rollout, timed_chained
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -79,49 +77,13 @@ def sequential(env_name: str, steps: int, auto_reset: bool = False) -> dict:
             "run_s": run_s, "steps": steps}
 
 
-def timed_chained(fn, key, vstate, warmup_calls: int, repeats: int = 2):
-    """Like `timed`, but each call continues from the env state the previous one returned.
-
-    `fn(key, vstate) -> (vstate, total_reward, episodes)`. The first `warmup_calls` calls are
-    not timed: starting from a fresh reset almost no episode ends (Craftax random-policy
-    episodes last 140-390 steps), so without warm-up the reset schemes' refills never run.
-    Returns (compile s, best call s, episodes that ended in the timed calls).
-    """
-    t0 = time.perf_counter()
-    compiled = fn.lower(key, vstate).compile()
-    compile_s = time.perf_counter() - t0
-    for i in range(max(warmup_calls, 1)):  # at least one un-timed call (first-run overheads)
-        vstate, _, _ = jax.block_until_ready(compiled(jax.random.fold_in(key, i), vstate))
-    best, episodes = math.inf, 0
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        vstate, _, eps = jax.block_until_ready(compiled(jax.random.fold_in(key, 10_000 + i), vstate))
-        best = min(best, time.perf_counter() - t0)
-        episodes += int(eps)
-    return compile_s, best, episodes
-
-
 def vectorized(env_name: str, num_envs: int, reset_mode: str, steps: int, sharded: bool = False,
                warmup_steps: int = 0) -> dict:
     env, params = make(env_name)
     devices = jax.device_count() if sharded else 1
     per_device = num_envs // devices
     vec = make_vec_env(env, params, per_device, reset_mode=reset_mode)
-    n_actions = env.action_space(params).n
-
-    def rollout(key, vstate):
-        def body(carry, k):
-            vstate, total, episodes = carry
-            k_act, k_env = jax.random.split(k)
-            action = jax.random.randint(k_act, (per_device,), 0, n_actions)
-            _, vstate, reward, terminated, truncated, info = vec.step(k_env, vstate, action)
-            # Episodes that ended (with reset_mode "none" a dead env counts again every step).
-            ended = info["returned_episode"].sum(dtype=jnp.int32)
-            return (vstate, total + reward.sum(), episodes + ended), None
-
-        init = (vstate, jnp.float32(0), jnp.int32(0))
-        (vstate, total, episodes), _ = jax.lax.scan(body, init, jax.random.split(key, steps))
-        return vstate, total, episodes
+    rollout = random_rollout(vec, env.action_space(params).n, steps)
 
     if sharded:
         mesh = jax.make_mesh((devices,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))

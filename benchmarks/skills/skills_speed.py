@@ -12,7 +12,7 @@ in one process, so the ratios come from the same machine state:
   slot each): env steps/s, the median of `--rounds` rounds after a first
   (compiling) one.
 - `env`: the vectorised env alone with random actions over one round's steps (pool resets as in
-  training): the base env against the skill env of each skill (its conditions, routing to the
+  training, the worlds carried from call to call): the base env against the skill env of each skill (its conditions, routing to the
   dependency that acts, restarts from anchors).
 - `act`: one rollout step's forward and sample over `num_envs` rows: flat PPO's network against the
   skill's mixture (rows routed over the dependencies' experts and the new one).
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_hier.bench import device_info, time_compiled
+from jaxrl_hier.bench import device_info, random_rollout, time_compiled, timed_chained
 from jaxrl_hier.config import ConfigError, load_config, resolve_config
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.skills.cli import check_config
@@ -97,20 +97,14 @@ def skills_round(trainer: SkillTrainer, library, names: list[str], experts: dict
 
 
 def env_steps(vec, actions: int, steps: int, repeats: int) -> dict:
-    """Random actions through `vec` for `steps` steps, one compiled scan."""
-    def run(key):
-        _, vstate = vec.reset(key)
-
-        def body(vstate, k):
-            k_act, k_step = jax.random.split(k)
-            action = jax.random.randint(k_act, (vec.num_envs,), 0, actions)
-            vstate = vec.step(k_step, vstate, action)[1]
-            return vstate, None
-
-        return jax.lax.scan(body, vstate, jax.random.split(key, steps))[0]
-
-    compile_s, run_s = time_compiled(run, jax.random.key(0), repeats=repeats)
-    return {"compile_s": compile_s, "run_s": run_s, "steps_per_s": steps * vec.num_envs / run_s}
+    """Random actions through `vec` for `steps` steps a call (`jaxrl_hier.bench.random_rollout`, as `benchmarks/ppo/fps.py` steps envs), each
+    call going on from the worlds the last one left: one un-timed call first, so the timed ones pay
+    the resets of the episodes that end in them, as a training round does, not a reset of every env."""
+    _, vstate = jax.jit(vec.reset)(jax.random.key(0))
+    compile_s, run_s, episodes = timed_chained(jax.jit(random_rollout(vec, actions, steps)), jax.random.key(1),
+                                               vstate, 1, repeats)
+    return {"compile_s": compile_s, "run_s": run_s, "steps_per_s": steps * vec.num_envs / run_s,
+            "episodes_timed": episodes}
 
 
 def policy_parts(trainer: SkillTrainer, flat_ppo, flat_runner, library, name: str, experts: dict, repeats: int,
