@@ -67,3 +67,21 @@ def test_skills_speed_report_reads_a_cut_short_run():
               "env_only": {}, "policy": {}}
     text = skills_speed.markdown(result)
     assert "cut short" in text and "| flat PPO | 1,000 | 1.00 |" in text and "env alone" not in text
+
+
+def test_skills_vs_ppo_table_puts_a_manager_variant_beside_the_others():
+    from benchmarks.skills import skills_vs_ppo
+
+    def agent(rate: float, score: float) -> dict:
+        mode = {"achievements": {"collect_wood": rate}, "mean_return": 2.0 * rate, "score_percent_of_max": score}
+        return {"greedy": mode, "sampled": mode, "env_steps": 100, "curve": []}
+
+    run = {"seed": 0, "skills": {**agent(0.5, 10.0), "target": "collect_wood", "completed": ["collect_wood"],
+                                 "wall_s": 5.0, "steps_per_s": 20.0, "median_round_steps_per_s": 25.0},
+           "manager": agent(0.6, 20.0), "variant": agent(0.9, 30.0), "ppo": {**agent(0.7, 25.0), "wall_s": 4.0}}
+    results = {"seeds": [0], "episodes": 4, "max_steps": 10, "runs": [run], "variant_label": "manager + base actions"}
+    text = skills_vs_ppo.table(results, ["collect_wood"])
+    header = text.splitlines()[2]
+    assert header.index("skills + manager (greedy)") < header.index("manager + base actions (greedy)") < header.index(
+        "flat PPO (greedy)")
+    assert "| score (% of max) | 10.0 | 10.0 | 20.0 | 20.0 | 30.0 | 30.0 | 25.0 | 25.0 |" in text

@@ -7,8 +7,11 @@ For each seed:
 2. flat PPO on the same env (the skills config's `env` and `env_params`) for that budget, with the
    skills config's own `ppo` section (same envs, rollout, widths, learning rate; annealed, since
    flat PPO knows its budget), or the fields of `--ppo-config`;
-3. both agents played greedy and sampled from `--episodes` fresh worlds for full-length episodes:
-   the composed agent of the completed skills (`skills.composed`), PPO's final policy.
+3. the agents played greedy and sampled from `--episodes` fresh worlds for full-length episodes:
+   the composed agent of the completed skills (`skills.composed`), the run's managed agent where it
+   has a manager stage (`skills.manager`, whose steps the budget counts), PPO's final policy, and
+   with `--variant-runs` the managed agent of a copy of the run whose manager stage ran with other
+   settings (say `manager.primitives: true` in the copy's config.yaml before its manager stage).
 
 The curve of achievements against env steps: flat PPO evaluated the same way after every chunk of
 `--ppo-chunks`; the skills at each skill's completion (the composed agent of the skills completed
@@ -26,6 +29,7 @@ wall time, env steps/s, mean and standard error over seeds) and `skills_vs_ppo.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -74,6 +78,10 @@ def parse_args(argv=None):
     p.add_argument("--include-running", action="store_true",
                    help="judge the final composed agent with the running skills' experts too (their latest "
                         "checkpoint): for a run stopped by max_rounds before its frontier skills completed")
+    p.add_argument("--variant-runs", type=Path, nargs="*", default=None,
+                   help="one per seed: a copy of that seed's skills run whose manager stage ran with other "
+                        "settings (the same skills and chain, the same env steps), played as one more agent")
+    p.add_argument("--variant-label", default="skills + manager (variant)", help="the variant's name in the table")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the skills config")
     return p.parse_args(argv)
 
@@ -214,8 +222,9 @@ def table(results: dict, names) -> str:
     lines = [f"{len(seeds)} seed(s) {seeds}; {results['episodes']} fresh-world episodes per agent, mode and seed, "
              f"up to {results['max_steps']} steps; mean ± standard error over seeds",
              ""]
-    agents = [a for a in ("skills", "manager", "ppo") if all(a in r for r in results["runs"])]
-    label = {"skills": "skills (composed)", "manager": "skills + manager", "ppo": "flat PPO"}
+    agents = [a for a in ("skills", "manager", "variant", "ppo") if all(a in r for r in results["runs"])]
+    label = {"skills": "skills (composed)", "manager": "skills + manager", "ppo": "flat PPO",
+             "variant": results.get("variant_label")}
     lines += ["| | " + " | ".join(f"{label[a]} ({m})" for a in agents for m in ("greedy", "sampled")) + " |",
               "|---|" + "---:|" * (2 * len(agents))]
 
@@ -261,7 +270,8 @@ def plot(results: dict, path: Path) -> None:
     for i, r in enumerate(results["runs"]):  # one legend entry per agent, however many seeds
         for agent, colour, marker, label in (("ppo", "tab:blue", ".", "flat PPO"),
                                              ("skills", "tab:orange", "o", "skills (composed agent)"),
-                                             ("manager", "tab:green", "*", "skills + manager")):
+                                             ("manager", "tab:green", "*", "skills + manager"),
+                                             ("variant", "tab:red", "P", results.get("variant_label"))):
             if agent not in r:
                 continue
             curve = r[agent]["curve"]
@@ -275,10 +285,41 @@ def plot(results: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def managed_figures(run_dir: Path, run_config: SkillsConfig, run, budget: int, key, episodes: int,
+                    max_steps: int) -> dict:
+    """The run's managed agent from the fresh worlds of `key`, greedy and sampled."""
+    agent, managed = load_managed(run_dir, run_config, run)
+    names, rewards = tuple(run.env.base.achievement_names), tuple(run.env.base.achievement_rewards)
+    out = {"env_steps": budget, "manager_steps": int(run.manager["steps"]), "skills": run.manager["skills"],
+           "manager_config": dataclasses.asdict(run_config.manager)}
+    for j, mode in enumerate(("greedy", "sampled")):
+        stats = agent.evaluate(managed, jax.random.fold_in(key, j), episodes, max_steps, mode == "greedy")
+        out[mode] = summarize(stats, names, rewards, list(run.experts))
+    out["curve"] = [{"env_steps": budget, "achievements_per_episode":
+                     float(sum(out["sampled"]["achievements"].values()))}]
+    return out
+
+
+def variant_figures(run_dir: Path, catalog, include_running: bool, state, budget: int, key, episodes: int,
+                    max_steps: int) -> dict:
+    """`managed_figures` of a copy of the run whose manager stage ran with other settings; refused
+    unless its skills and chain are the run's own and its manager stage spent the same env steps."""
+    run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
+    other = load_state(run_dir)
+    same = ([(r.name, r.total_steps) for r in other.skills] == [(r.name, r.total_steps) for r in state.skills]
+            and other.chain.get("steps") == state.chain.get("steps")
+            and other.manager.get("status") == "done" and other.manager.get("steps") == state.manager.get("steps"))
+    if not same:
+        sys.exit(f"{run_dir}: not a copy of the skills run with a finished manager stage of the same length")
+    return managed_figures(run_dir, run_config, load_run(run_dir, run_config, catalog, include_running), budget, key,
+                           episodes, max_steps)
+
+
 def write_results(args, config: SkillsConfig, max_steps: int, runs: list, partial: bool = False) -> dict:
     """`skills_vs_ppo.json`; `partial` while a seed's flat PPO is still to run (that seed has no `ppo`)."""
     results = {"env": config.env, "config": args.config, "overrides": args.overrides, "seeds": args.seeds,
                "episodes": args.episodes, "worlds_seed": args.worlds_seed, "max_steps": max_steps,
+               "variant_label": args.variant_label if args.variant_runs else None,
                "device": device_info(), "partial": partial,
                "runs": runs}
     atomic_write_json(args.out / "skills_vs_ppo.json", results)
@@ -300,6 +341,8 @@ def main(argv=None) -> int:
     max_steps = episode_limit(base_params)
     if args.skills_runs and len(args.skills_runs) != len(args.seeds):
         sys.exit("give one --skills-runs directory per seed")
+    if args.variant_runs and len(args.variant_runs) != len(args.seeds):
+        sys.exit("give one --variant-runs directory per seed")
     runs = []
     for i, seed in enumerate(args.seeds):
         key = jax.random.key(args.worlds_seed + seed)  # the same fresh worlds for both agents
@@ -335,13 +378,10 @@ def main(argv=None) -> int:
                                 "achievements_per_episode": float(sum(skills["sampled"]["achievements"].values()))})
         entry = {"seed": seed, "skills": skills}
         if run.manager:
-            agent, managed = load_managed(run_dir, run_config, run)
-            entry["manager"] = {"env_steps": budget, "manager_steps": manager_steps, "skills": run.manager["skills"]}
-            for j, mode in enumerate(("greedy", "sampled")):
-                stats = agent.evaluate(managed, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
-                entry["manager"][mode] = summarize(stats, names, rewards, list(run.experts))
-            entry["manager"]["curve"] = [{"env_steps": budget, "achievements_per_episode":
-                                          float(sum(entry["manager"]["sampled"]["achievements"].values()))}]
+            entry["manager"] = managed_figures(run_dir, run_config, run, budget, key, args.episodes, max_steps)
+        if args.variant_runs:
+            entry["variant"] = variant_figures(args.variant_runs[i], catalog, args.include_running, state, budget, key,
+                                               args.episodes, max_steps)
         # written now too: a run killed during flat PPO (a GPU machine's time running out) keeps the skills' figures
         write_results(args, config, max_steps, runs + [entry], partial=True)
         entry["ppo"] = run_ppo(args, run_config, budget, seed, key, max_steps, names, rewards)
