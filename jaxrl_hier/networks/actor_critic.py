@@ -91,23 +91,3 @@ class ActorCriticCNN(nn.Module):
         logits = _dense(self.num_actions, 0.01)(act(_dense(self.hidden_size, np.sqrt(2))(x)))
         value = _dense(1, 1.0)(act(_dense(self.hidden_size, np.sqrt(2))(x)))
         return policy(logits, mask), jnp.squeeze(value, -1)
-
-
-def make_network(kind: str, num_actions: int, hidden_size: int, num_layers: int, activation: str,
-                 rnn_hidden_size: int = 0) -> nn.Module:
-    """The network named by a config: 'mlp' for flat observations, 'cnn' for pixels, 'gru' for a
-    recurrent actor-critic (GRU of `rnn_hidden_size` units, 0: `hidden_size`), 'gps' for the graph
-    transformer over search trees (`jaxrl_hier.networks.gps`, `num_layers` GPS layers)."""
-    if kind == "mlp":
-        return ActorCriticMLP(num_actions, hidden_size, num_layers, activation)
-    if kind == "cnn":
-        return ActorCriticCNN(num_actions, hidden_size, activation="relu" if activation == "tanh" else activation)
-    if kind == "gru":
-        from jaxrl_hier.networks.recurrent import ActorCriticGRU
-
-        return ActorCriticGRU(num_actions, hidden_size, num_layers, activation, rnn_hidden_size or hidden_size)
-    if kind == "gps":
-        from jaxrl_hier.networks.gps import GPSActorCritic
-
-        return GPSActorCritic(num_actions, hidden_size, num_layers, activation)
-    raise ValueError(f"unknown network '{kind}': use 'mlp', 'cnn', 'gru' or 'gps'.")

@@ -10,9 +10,10 @@ See docs/tasks.md.
 from jaxrl_hier.tasks.answers import MARKER, answers_equal, canonical_number, extract_answer
 from jaxrl_hier.tasks.arithmetic import ArithmeticTask
 from jaxrl_hier.tasks.base import (CombinedReward, Problem, RewardFn, Task, correctness_reward, format_reward,
-                                   length_penalty, make_task, task_from_config, task_reward)
+                                   length_penalty, task_reward)
 from jaxrl_hier.tasks.countdown import CountdownTask
 from jaxrl_hier.tasks.gsm8k import GSM8KTask, load_gsm8k_jsonl
+from jaxrl_hier.tasks.registry import make_task, task_from_config
 from jaxrl_hier.tasks.safe_eval import Evaluation, ExpressionError, safe_eval
 from jaxrl_hier.tasks.tokenizer import DEFAULT_CHARS, build_char_tokenizer, save_tokenizer
 
