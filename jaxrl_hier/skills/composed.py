@@ -156,7 +156,9 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
                               # the chain fine-tuning whose experts play (skills.chain); None: the skills' own
                               "chain": {k: chain[k] for k in ("target", "plan", "steps")} if chain else None,
                               # the learned manager over these skills (skills.manager); None: the composed agent
-                              "manager": {k: manager[k] for k in ("skills", "steps")} if manager else None}
+                              # (and whether it also took base actions itself: `manager.primitives`)
+                              "manager": {k: manager[k] for k in ("skills", "steps", "primitives") if k in manager}
+                              if manager else None}
     for i, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(comp, jax.random.fold_in(key, i), episodes, max_steps, mode == "greedy")
         report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
@@ -262,7 +264,8 @@ def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes:
     if run.manager and use_manager and target is None:
         agent, managed = load_managed(run_dir, config, run)
         return write_report(Path(run_dir), agent, managed, run.manager["skills"], list(run.experts),
-                            manager=run.manager, labels=agent.labels, **common)
+                            manager={**run.manager, "primitives": config.manager.primitives}, labels=agent.labels,
+                            **common)
     aim = choose_target(run.library, list(run.experts), target or run.target)
     comp, plan = build_composition(run.env, run.library, run.experts, aim)
     return write_report(Path(run_dir), run.agent, comp, plan, list(run.experts), **common)

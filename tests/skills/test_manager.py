@@ -234,7 +234,8 @@ def test_the_manager_stage_runs_after_the_skills_and_eval_plays_it(reference):
     rows = read_jsonl(out / MANAGER_DIR / "metrics.jsonl")
     assert [r["update"] for r in rows] == [1, 2, 3] and [r["env_steps"] for r in rows] == [64, 128, 192]
     report = evaluate_run(out, cfg, techtree_library(), episodes=2, max_steps=5, gif_steps=3)
-    assert report["manager"] == {"skills": state.manager["skills"], "steps": 192} and report["target"] is None
+    assert report["manager"] == {"skills": state.manager["skills"], "steps": 192, "primitives": False}
+    assert report["target"] is None
     assert read_report(out)["manager"]["steps"] == 192 and (out / "eval" / "episode.gif").is_file()
     composed = evaluate_run(out, cfg, techtree_library(), episodes=2, max_steps=5, gif_steps=0, use_manager=False)
     assert composed["manager"] is None and (out / "eval_composed" / "achievements.json").is_file()
