@@ -12,8 +12,8 @@ in one process, so the ratios come from the same machine state:
   slot each): env steps/s, the median of `--rounds` rounds after a first
   (compiling) one.
 - `env`: the vectorised env alone with random actions over one round's steps (pool resets as in
-  training, the worlds carried from call to call): the base env against the skill env of each skill (its conditions, routing to the
-  dependency that acts, restarts from anchors).
+  training, the worlds carried from call to call): the base env against the skill env of each
+  skill (its conditions, routing to the dependency that acts, restarts from anchors).
 - `act`: one rollout step's forward and sample over `num_envs` rows: flat PPO's network against the
   skill's mixture (rows routed over the dependencies' experts and the new one).
 - `grad`: one minibatch's gradient of a PPO-like loss (log-prob of taken actions, entropy, value):
@@ -97,9 +97,10 @@ def skills_round(trainer: SkillTrainer, library, names: list[str], experts: dict
 
 
 def env_steps(vec, actions: int, steps: int, repeats: int) -> dict:
-    """Random actions through `vec` for `steps` steps a call (`jaxrl_hier.bench.random_rollout`, as `benchmarks/ppo/fps.py` steps envs), each
-    call going on from the worlds the last one left: one un-timed call first, so the timed ones pay
-    the resets of the episodes that end in them, as a training round does, not a reset of every env."""
+    """Random actions through `vec` for `steps` steps a call (`jaxrl_hier.bench.random_rollout`, as
+    `benchmarks/ppo/fps.py` steps envs), each call going on from the worlds the last one left: one
+    un-timed call first, so the timed ones pay the resets of the episodes that end in them, as a
+    training round does, not a reset of every env."""
     _, vstate = jax.jit(vec.reset)(jax.random.key(0))
     compile_s, run_s, episodes = timed_chained(jax.jit(random_rollout(vec, actions, steps)), jax.random.key(1),
                                                vstate, 1, repeats)

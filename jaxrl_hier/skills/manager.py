@@ -220,18 +220,18 @@ class ManagerPolicy:
     """Manager actor and critic MLPs over [observation, action mask, running]; the frozen expert bank
     in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`."""
 
-    def __init__(self, bank: Any, num_options: int, num_actions: int, hidden_size: int, num_layers: int,
-                 activation: str, dispatch: str = "gather", greedy_experts: bool = False, primitives: bool = False):
-        self.bank, self.num_skills, self.num_actions = bank, num_options, num_actions
-        self.num_options = num_options + (num_actions if primitives else 0)  # the manager's choices
+    def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
+                 num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False):
+        # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
+        self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
         self.dispatch, self.greedy_experts = dispatch, greedy_experts
 
     def init(self, key: jax.Array, obs: dict) -> dict:
-        din = int(np.prod(obs["obs"].shape[1:])) + self.num_options + 1
+        din = int(np.prod(obs["obs"].shape[1:])) + self.num_choices + 1
         k_actor, k_critic = jax.random.split(key)
         hidden = [self.hidden_size] * self.num_layers
-        return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_options], 0.01),
+        return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
                            "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)},
                 "experts": {"actor": jax.tree.map(jnp.asarray, self.bank)}}
 
@@ -266,11 +266,12 @@ class ManagerTrainer(PPOStage):
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = config.manager_ppo_config()
         num_actions = int(skill_env.base.action_space(base_params).n)
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives)
+        params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
-                               num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation, config.manager.dispatch,
-                               config.manager.greedy_experts, config.manager.primitives)
-        super().__init__(config, ppo, ManagerEnv(skill_env, num_actions, config.manager.primitives),
-                         ManagerParams(base_params, options, np.int32(config.manager.option_steps)), policy)
+                               env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
+                               config.manager.dispatch, config.manager.greedy_experts)
+        super().__init__(config, ppo, env, params, policy)
 
     def params_like(self) -> dict:
         """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""
