@@ -5,7 +5,7 @@ towards it, and a chunk of the learned manager over the two skills, played from 
 Craftax compiles slowly on a CPU (15-60 s a program), so one test holds all of it, and it compiles
 only the Craftax programs a Classic run needs that TechTree's tests cannot stand in for: the
 round's greedy evaluation and the composed agent's play run the same env step under policies
-that tests/skills/test_scheduler.py and test_composed.py run on TechTree."""
+that test_multi_device.py and test_composed.py run on TechTree."""
 
 from __future__ import annotations
 
