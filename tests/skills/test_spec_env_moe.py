@@ -308,10 +308,12 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
     def loss(apply, bank, x):
         return jnp.sum(jnp.tanh(apply(bank, x, idx, jnp.tanh)) * weights)
 
-    want = jax.grad(lambda b, x: loss(mixture_apply_mask, b, x), argnums=(0, 1))(bank, x)
+    # Each gradient jitted: one compile each, where op-by-op dispatch of the gather path's blocks took
+    # most of this test's time.
+    want = jax.jit(jax.grad(lambda b, x: loss(mixture_apply_mask, b, x), argnums=(0, 1)))(bank, x)
     for block_size in (None, 1, 7):
         gather = lambda b, x, i, a: mixture_apply_gather(b, x, i, a, block_size)  # noqa: E731
-        got = jax.grad(lambda b, x: loss(gather, b, x), argnums=(0, 1))(bank, x)
+        got = jax.jit(jax.grad(lambda b, x: loss(gather, b, x), argnums=(0, 1)))(bank, x)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
     # And through the policy, as PPO differentiates it: the update evaluates the new expert alone
@@ -332,7 +334,8 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
             return ((mixture.log_prob(actions) * weights[:, 0]).sum() + (v * weights[:, 1]).sum()
                     + mixture.entropy().sum())
 
-        got, want = (jax.grad(ppo_like)(variables["params"], routed) for routed in (False, True))
+        grad = jax.jit(jax.grad(ppo_like), static_argnums=1)
+        got, want = (grad(variables["params"], routed) for routed in (False, True))
         assert float(ppo_like(variables["params"], False)) != float(ppo_like(variables["params"], True))
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert np.isfinite(np.asarray(g)).all()
