@@ -189,33 +189,36 @@ def test_restarts_resume_from_the_state_where_the_skill_was_reached():
         SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2, restart_prob=1.0)
     senv = SkillEnv(env, quantities_for(env, lib), max_experts=4, max_conditions=2, restart_prob=0.999999)
     p = senv.params_for(params, lib, "make_wood_pickaxe")
-    _, state = senv.reset(jax.random.key(0), p)
+    # Jitted: one compile each, where op-by-op dispatch of the env took most of this test's time.
+    reset, step, restart = jax.jit(senv.reset), jax.jit(senv.step), jax.jit(senv.restart)
+    _, state = reset(jax.random.key(0), p)
     noop = jnp.int32(0)
-    assert not bool(senv.restart(jax.random.key(1), state, p)[2])  # no anchor yet
+    assert not bool(restart(jax.random.key(1), state, p)[2])  # no anchor yet
     ach = jnp.array([n in ("collect_wood", "place_table") for n in tt.ACHIEVEMENTS])
     wood = state.base.inventory.at[tt.WOOD_I].set(1)  # collect_wood holds while there is wood
     reached = state.replace(base=state.base.replace(achievements=ach, inventory=wood, timestep=jnp.int32(40)))
-    _, s, *_ = senv.step(jax.random.key(1), reached, noop, p)  # the own expert takes control: anchor kept
+    _, s, *_ = step(jax.random.key(1), reached, noop, p)  # the own expert takes control: anchor kept
     assert bool(s.has_anchor) and int(s.anchor.timestep) == 41
     for _ in range(3):  # later steps of the episode do not move the anchor
-        _, s, *_ = senv.step(jax.random.key(2), s, jnp.int32(1), p)
+        _, s, *_ = step(jax.random.key(2), s, jnp.int32(1), p)
     assert int(s.anchor.timestep) == 41 and int(s.base.timestep) == 44
-    obs, r, valid, want = senv.restart(jax.random.key(3), s, p)
+    obs, r, valid, want = restart(jax.random.key(3), s, p)
     assert bool(valid) and bool(want) and int(r.base.timestep) == 41 and int(obs["expert"]) == 2  # own expert
     assert senv.achievements(r).tolist() == [False, True, True, False, False]  # reached, restarted: not the chain's
     root = senv.params_for(params, lib, "collect_wood")
-    assert not bool(senv.restart(jax.random.key(3), s, root)[3])  # a root skill never restarts
+    assert not bool(restart(jax.random.key(3), s, root)[3])  # a root skill never restarts
 
     # In a vec env: finished envs restart from their anchor, or borrow another env's; with no anchor
     # anywhere they take fresh worlds.
     vec = make_vec_env(senv, p, num_envs=3, reset_ratio=1)
     _, v = vec.reset(jax.random.key(0))
+    vec_step = jax.jit(vec.step)
     envs = jax.tree.map(lambda x: jnp.stack([x, x, x]), s)
     envs = envs.replace(base=envs.base.replace(timestep=jnp.array([99, 99, 50], jnp.int32)),  # 0, 1 end now
                         anchor=envs.anchor.replace(timestep=jnp.array([41, 7, 9], jnp.int32)))
     for has, want_t in [([True, False, False], [41, 41]), ([False, False, False], [0, 0])]:
         v2 = v.replace(env_state=envs.replace(has_anchor=jnp.array(has)))
-        obs, v2, *_, info = vec.step(jax.random.key(4), v2, jnp.zeros(3, jnp.int32))
+        obs, v2, *_, info = vec_step(jax.random.key(4), v2, jnp.zeros(3, jnp.int32))
         assert np.asarray(info["returned_episode"]).tolist() == [True, True, False]
         assert np.asarray(v2.env_state.base.timestep).tolist() == want_t + [51]
         assert np.asarray(v2.env_state.restarted)[:2].tolist() == [want_t[0] > 0] * 2
