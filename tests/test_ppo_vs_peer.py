@@ -56,12 +56,12 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
     both systems with the device, versions, compile times and the ratio."""
     peer = fake_peer(tmp_path, 1)
     out = tmp_path / "out"
-    code = bench.main(["--peer-dir", str(peer), "--out", str(out), "--envs", "CartPole-v1", "--num-envs", "8",
+    code = bench.main(["--peer-dir", str(peer), "--out", str(out), "--points", "CartPole-v1:8", "--env-only",
                        "--num-steps", "8", "--minibatches", "2", "--epochs", "1", "--width", "8", "--updates", "3",
                        "--check", "--date", "2026-11-27", "--peer-commit", "abc123"])
     assert code == 1
     result = json.loads((out / "ppo_vs_peer.json").read_text())
-    assert {r["system"] for r in result["records"]} == {bench.OURS, bench.PEER}
+    assert {r["system"] for r in result["records"]} == {bench.OURS, bench.PEER, bench.ENV_ONLY}
     for r in result["records"]:
         assert r["steps"] == 8 * 8 * 3 and r["fps"] > 0 and r["compile_s"] > 0 and r["run_s"] > 0
         assert r["fps_per_env"] == r["fps"] / 8
@@ -69,10 +69,14 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
     assert ours["episodes_timed"] >= 0
     (pair,) = result["pairs"]
     assert pair["ratio"] < 1 and pair["ratio"] == pair["ours_fps"] / pair["peer_fps"]
+    # Env stepping alone over the same 8 x 24 steps: faster than the whole loop, episodes ended.
+    env_only = next(r for r in result["records"] if r["system"] == bench.ENV_ONLY)
+    assert env_only["steps"] == 8 * 8 * 3 and env_only["episodes_timed"] > 0 and env_only["reset"] == "pool 1/16"
+    assert pair["of_env_only"] == pair["ours_fps"] / env_only["fps"] < 1
     assert result["device"]["jax"] and result["device"]["cpu_model"] and "xla_flags" in result["device"]
     assert result["peer_commit"] == "abc123" and result["settings"]["updates"] == 3
     table = (out / "ppo_vs_peer.md").read_text()
-    assert "| CartPole-v1 | 8 |" in table and "abc123" in table and "2026-11-27" in table
+    assert "| CartPole-v1 | 8 |" in table and "abc123" in table and "2026-11-27" in table and "Env-only" in table
     assert (out / "ppo_vs_peer.png").stat().st_size > 1000
     # The peer's make_train got its own script's config: our sizes, logging off, 3 updates.
     module = bench.load_peer(peer)
@@ -81,6 +85,54 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
     assert config["DEBUG"] is False and config["USE_WANDB"] is False and config["USE_OPTIMISTIC_RESETS"] is True
     module.make_train(config)
     assert module.CONFIGS[-1]["NUM_UPDATES"] == 3 and module.CONFIGS[-1]["LAYER_SIZE"] == 8
+
+
+class FakeSide:
+    """A built side that returns at once (the sweep's bookkeeping without compiling anything)."""
+
+    compile_s = 0.5
+
+    def __init__(self, system):
+        self.system = system
+
+    def __call__(self):
+        return 0
+
+    def episodes(self, out):
+        return None
+
+
+def test_a_failed_point_is_recorded_and_the_sweep_goes_on(monkeypatch, tmp_path):
+    """The peer fails to build at one point (out of memory on a GPU, say): that point's records say
+    which side failed and why, the points before and after it are timed, in the order given, each
+    with the systems it names; a point past the deadline is skipped."""
+    def make_side(system, env, n, s, module):
+        if system == bench.PEER and n == 16:
+            raise MemoryError("RESOURCE_EXHAUSTED: out of memory")
+        return FakeSide(system)
+
+    monkeypatch.setattr(bench, "make_side", make_side)
+    monkeypatch.setattr(bench, "load_peer", lambda d: None)
+    out = tmp_path / "out"
+    assert bench.main(["--peer-dir", str(tmp_path), "--out", str(out), "--points", "E:8", "E:16", "F:4:ours+env_only",
+                       "--compile-workers", "2", "--peer-commit", "x"]) == 0
+    result = json.loads((out / "ppo_vs_peer.json").read_text())
+    assert [(p["env"], p["num_envs"]) for p in result["pairs"]] == [("E", 8), ("F", 4)]
+    assert "ratio" in result["pairs"][0] and "ratio" not in result["pairs"][1] and "of_env_only" in result["pairs"][1]
+    assert {r["system"] for r in result["records"] if r["env"] == "F"} == {bench.OURS, bench.ENV_ONLY}
+    failed = {r["system"]: r["error"] for r in result["records"] if r["num_envs"] == 16}
+    assert "out of memory" in failed[bench.PEER] and failed[bench.OURS] == "not timed: craftax_baselines failed"
+    assert "| E | 16 | failed (" in (out / "ppo_vs_peer.md").read_text()
+    assert bench.main(["--peer-dir", str(tmp_path), "--out", str(tmp_path / "late"), "--points", "E:8",
+                       "--deadline-s", "-1", "--peer-commit", "x"]) == 0
+    assert json.loads((tmp_path / "late" / "ppo_vs_peer.json").read_text())["records"] == []
+    for bad in ("Craftax-Symbolic-v1", "Craftax-Symbolic-v1:4096:ours+flat"):
+        try:
+            bench.parse_points([bad], (bench.OURS,))
+        except SystemExit as e:
+            assert "ENV:N" in str(e) and bad in str(e)
+        else:
+            raise AssertionError(f"the point '{bad}' was accepted")
 
 
 def test_check_passes_only_when_ours_is_faster_everywhere():

@@ -11,7 +11,7 @@
 #   ENVS=Craftax-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT
 #   ENVS=Craftax-Classic-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT   # adds to the first's JSON
 #
-# OUT receives ppo_vs_peer.{json,md,png}, xla_cache.tgz and versions.txt; the same files go to
+# OUT receives ppo_vs_peer.{json,md,png}, versions.txt and with XLA_CACHE_OUT=1 xla_cache.tgz; the same files go to
 # benchmarks/results/<gpu>/ppo_peer/ in the tree it runs in (gpu: h100, h200, ... from nvidia-smi).
 # A call appends to the ppo_vs_peer.json already in that folder (copy the first call's files
 # there before the second call: the working tree travels).
@@ -23,7 +23,15 @@
 #   `python3 -c "import craftax, distrax"` misses there; benchmarks/device/setup.sh installs them.
 # - XLA_CACHE_IN: an xla_cache.tgz an earlier run brought back (same GPU kind and jax): programs load
 #   instead of compiling.
-# Variables: ENVS, NUM_ENVS ("1024 4096 16384"), NUM_STEPS (64), UPDATES (20), WIDTH (512),
+# One lease of 15 minutes instead (the most wanted points first, our env stepping alone beside
+# each, no new point after DEADLINE_S seconds):
+#
+#   POINTS="Craftax-Symbolic-v1:4096 Craftax-Classic-Symbolic-v1:4096 Craftax-Symbolic-v1:16384" \
+#     ENV_ONLY=1 DEADLINE_S=400 bash benchmarks/device/ppo_peer_gpu.sh OUT
+#
+# Variables: ENVS, NUM_ENVS ("1024 4096 16384"), POINTS ("ENV:N ...", overrides ENVS x NUM_ENVS),
+# ENV_ONLY=1 (env stepping alone beside each point), DEADLINE_S, PEER_COMMIT (where PEER_DIR is no
+# git checkout), XLA_CACHE_OUT=1 (pack the compiled programs into OUT), NUM_STEPS (64), UPDATES (20), WIDTH (512),
 # COMPILE_WORKERS (12), REPEATS (1), GPU_NAME (from nvidia-smi), RESULTS (benchmarks/results/<gpu>/ppo_peer),
 # PYTHON (python3), CHECK=1 (exit 1 when ours is slower),
 # TINY=1 (16 envs x 16 steps, 2 updates, width 64: a CPU-sized smoke run), DRY_RUN=1 (print the
@@ -41,9 +49,11 @@ gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null 
   | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
 gpu=${gpu:-cpu}
 results=${RESULTS:-benchmarks/results/$gpu/ppo_peer}
-cmd=("${PYTHON:-python3}" benchmarks/ppo/ppo_vs_peer.py --peer-dir "$peer" --out "$out" --envs $envs --num-envs $sizes
+if [ -n "${POINTS:-}" ]; then where=(--points $POINTS); else where=(--envs $envs --num-envs $sizes); fi
+cmd=("${PYTHON:-python3}" benchmarks/ppo/ppo_vs_peer.py --peer-dir "$peer" --out "$out" "${where[@]}"
      --num-steps "$steps" --updates "$updates" --width "$width" --repeats "${REPEATS:-1}"
-     --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check})
+     --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check} ${ENV_ONLY:+--env-only}
+     ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${PEER_COMMIT:+--peer-commit "$PEER_COMMIT"})
 if [ -n "${DRY_RUN:-}" ]; then
   echo "results: $results"
   echo "${cmd[*]}"
@@ -58,6 +68,6 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD  # jaxrl_hier from this tree
 "${cmd[@]}"
 rc=$?
 cp "$out"/ppo_vs_peer.* "$results"/ 2>/dev/null
-xla_cache_out
+[ -n "${XLA_CACHE_OUT:-}" ] && xla_cache_out
 echo "ppo_vs_peer exit code $rc; results in $out and $results"
 exit $rc

@@ -25,7 +25,12 @@ average and the hypervisor's steal share during each timed call.
 
 Writes OUT/ppo_vs_peer.json (records and pairs), OUT/ppo_vs_peer.md (the side-by-side table) and
 OUT/ppo_vs_peer.png (steps/s per env and num_envs, both systems). `--check` exits 1 when ours is
-slower than the peer at any point.
+slower than the peer at any point. `--env-only` adds a third side at each point: our vectorised env
+alone over the same steps (random actions, pool resets), the ceiling the whole loop is measured
+against. `--points ENV:N[:ours+peer+env_only] ...` runs those points in that order (most wanted
+first), each with the systems it names (by default ours, the peer, and env_only with --env-only);
+`--deadline-s` starts no point after that many seconds, and a point that fails (out of memory, say)
+is recorded as such while the others run: sized for a GPU machine held for minutes.
 
 `--profile` times the pieces of one of our PPO updates, each compiled on its own, at the same
 settings: env stepping with resets (random actions, after `--profile-warmup` steps so that
@@ -55,6 +60,7 @@ import numpy as np
 
 PEER = "craftax_baselines"
 OURS = "jaxrl_hier"
+ENV_ONLY = "env_only"  # our env stepping alone over the same steps (--env-only)
 
 # Craftax_Baselines ppo.py's argparse defaults (its `__main__`), upper-cased as its `run_ppo` does.
 PEER_DEFAULTS = {
@@ -123,6 +129,39 @@ def peer_version(peer_dir: Path) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def point_error(e: Exception, system: str) -> str:
+    """What a failed point's record says for `system`: its own failure, or that another side's stopped it."""
+    if isinstance(e, SideError):
+        return repr(e.__cause__) if e.system == system else f"not timed: {e.system} failed"
+    return repr(e)
+
+
+class SideError(RuntimeError):
+    """One system could not be built (or compiled) at a point."""
+
+    def __init__(self, system: str, env: str, num_envs: int):
+        super().__init__(f"{system} could not be built at {env} N={num_envs}")
+        self.system = system
+
+
+SYSTEM_NAMES = {"ours": OURS, "peer": PEER, "env_only": ENV_ONLY}
+
+
+def parse_points(specs: list[str], order: tuple[str, ...]) -> list[tuple[str, int, tuple[str, ...]]]:
+    """`ENV:N` or `ENV:N:ours+env_only` strings as (env, num_envs, systems), in the order given; a
+    point without its own systems runs `order`."""
+    points = []
+    for spec in specs:
+        env, _, rest = spec.partition(":")
+        n, _, systems = rest.partition(":")
+        names = systems.split("+") if systems else None
+        if not env or not n.isdigit() or int(n) < 1 or (names and not set(names) <= set(SYSTEM_NAMES)):
+            raise SystemExit(f"error: --points takes ENV:N or ENV:N:{'+'.join(SYSTEM_NAMES)} "
+                             f"(say Craftax-Symbolic-v1:4096), not '{spec}'")
+        points.append((env, int(n), tuple(SYSTEM_NAMES[x] for x in names) if names else order))
+    return points
+
+
 # ---------------------------------------------------------------------------- timing
 def _timed(call):
     """(seconds, result, load average, steal share) of `call()` blocked until ready."""
@@ -185,20 +224,58 @@ class Ours:
         return int(np.asarray(out[1]["episodes"]).sum())
 
 
+class EnvOnly:
+    """Our env stepping alone over the same work: the vectorised env (pool resets, the same ratio)
+    reset from fresh worlds, then `num_steps x updates` steps of uniformly random actions in one scan,
+    resets of the episodes that end included. The PPO loop's ceiling: whole PPO over this is the
+    share of the time left to the environment."""
+
+    system = ENV_ONLY
+
+    def __init__(self, env: str, num_envs: int, s: dict, seed: int = 0):
+        from jaxrl_hier.bench import random_rollout
+        from jaxrl_hier.envs import make, make_vec_env
+
+        base, params = make(env)
+        vec = make_vec_env(base, params, num_envs, reset_mode="pool", reset_ratio=s["reset_ratio"])
+        rollout = random_rollout(vec, base.action_space(params).n, s["num_steps"] * s["updates"])
+
+        def run(key):
+            k_reset, k_run = jax.random.split(key)
+            return rollout(k_run, vec.reset(k_reset)[1])
+
+        self.key = jax.random.PRNGKey(seed)
+        t0 = time.perf_counter()
+        self.compiled = jax.jit(run).lower(self.key).compile()
+        self.compile_s = time.perf_counter() - t0
+
+    def __call__(self):
+        return self.compiled(self.key)
+
+    def episodes(self, out) -> int:
+        return int(out[2])
+
+
 def make_side(system: str, env: str, num_envs: int, s: dict, peer_module):
     """One system at one point, built and compiled (no call made yet)."""
+    if system == ENV_ONLY:
+        return EnvOnly(env, num_envs, s)
     return Ours(env, num_envs, s) if system == OURS else Peer(peer_module, env, num_envs, s)
 
 
-def build_sides(points: list[tuple[str, int]], s: dict, peer_module, order=(OURS, PEER), workers: int = 1,
+def build_sides(points: list[tuple], s: dict, peer_module, order=(OURS, PEER), workers: int = 1,
                 log=print) -> dict:
     """Every (system, env, num_envs) built and compiled ahead. With `workers` > 1 the programs compile
     in that many threads at once (XLA compiles each program mostly on one core, and releases the GIL):
     on a 16-core GPU host the whole sweep compiles in about the time of its slowest program."""
-    jobs = [(system, env, n) for env, n in points for system in order]
+    jobs = [(system, env, n) for env, n, *systems in points for system in (systems[0] if systems else order)]
 
     def build(job):
-        side = make_side(*job, s, peer_module)
+        try:
+            side = make_side(*job, s, peer_module)
+        except Exception as e:  # noqa: BLE001  (one point's failure, out of memory say, spares the others)
+            log(f"  {job[1]} N={job[2]} {job[0]}: failed to build: {e!r:.300}")
+            return e
         log(f"  {job[1]} N={job[2]} {job[0]}: compiled in {side.compile_s:.1f} s")
         return side
 
@@ -220,6 +297,9 @@ def run_point(env: str, num_envs: int, s: dict, peer_module, repeats: int = 1, o
     system (its best call)."""
     sides = sides if sides is not None else build_sides([(env, num_envs)], s, peer_module, order, log=log)
     sides = {system: sides[(system, env, num_envs)] for system in order}
+    for system, side in sides.items():
+        if isinstance(side, Exception):
+            raise SideError(system, env, num_envs) from side
     for system in order:
         jax.block_until_ready(sides[system]())  # warm-up: first-run allocations and thread pools
     steps = num_envs * s["num_steps"] * s["updates"]
@@ -236,8 +316,8 @@ def run_point(env: str, num_envs: int, s: dict, peer_module, repeats: int = 1, o
         records.append({"system": system, "env": env, "num_envs": num_envs, **s, "steps": steps,
                         "fps": steps / best["run_s"], "fps_per_env": steps / best["run_s"] / num_envs,
                         "compile_s": sides[system].compile_s, "run_s": best["run_s"], "calls": timings[system],
-                        "episodes_timed": best["episodes_timed"], "reset": "pool 1/%d" % s["reset_ratio"]
-                        if system == OURS else "optimistic 1/%d" % s["reset_ratio"]})
+                        "episodes_timed": best["episodes_timed"], "reset": "optimistic 1/%d" % s["reset_ratio"]
+                        if system == PEER else "pool 1/%d" % s["reset_ratio"]})
         log(f"  {system}: {records[-1]['fps']:,.0f} steps/s ({best['run_s']:.1f} s timed)")
     return records
 
@@ -245,20 +325,23 @@ def run_point(env: str, num_envs: int, s: dict, peer_module, repeats: int = 1, o
 def pairs(records: list[dict]) -> list[dict]:
     """Ours / peer steps/s at each (env, num_envs) where both ran."""
     out = []
-    keyed = {(r["system"], r["env"], r["num_envs"]): r for r in records}
+    keyed = {(r["system"], r["env"], r["num_envs"]): r for r in records if "fps" in r}
     for (system, env, n), r in keyed.items():
-        peer = keyed.get((PEER, env, n))
-        if system == OURS and peer:
-            out.append({"env": env, "num_envs": n, "ours_fps": r["fps"], "peer_fps": peer["fps"],
-                        "ratio": r["fps"] / peer["fps"], "ours_compile_s": r["compile_s"],
-                        "peer_compile_s": peer["compile_s"]})
+        peer, env_only = keyed.get((PEER, env, n)), keyed.get((ENV_ONLY, env, n))
+        if system == OURS and (peer or env_only):
+            pair = {"env": env, "num_envs": n, "ours_fps": r["fps"], "ours_compile_s": r["compile_s"]}
+            if peer:
+                pair.update(peer_fps=peer["fps"], ratio=r["fps"] / peer["fps"], peer_compile_s=peer["compile_s"])
+            if env_only:  # the share of env-only stepping that the whole PPO loop keeps
+                pair.update(env_only_fps=env_only["fps"], of_env_only=r["fps"] / env_only["fps"])
+            out.append(pair)
     return out
 
 
 def check(pairs_: list[dict], threshold: float = 1.0) -> list[str]:
     """The points where ours is below `threshold` x the peer (empty: none)."""
     return [f"{p['env']} at {p['num_envs']} envs: ours {p['ours_fps']:,.0f} steps/s < {threshold} x peer "
-            f"{p['peer_fps']:,.0f}" for p in pairs_ if p["ratio"] < threshold]
+            f"{p['peer_fps']:,.0f}" for p in pairs_ if "ratio" in p and p["ratio"] < threshold]
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -274,21 +357,33 @@ def write_outputs(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "ppo_vs_peer.json", result)
     s, info = result["settings"], result["device"]
-    lines = ["| env | num_envs | ours steps/s | peer steps/s | ours / peer | ours per env | peer per env | "
-             "ours compile s | peer compile s | episodes ended (ours, timed) | load average (ours, peer) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    by = {(r["system"], r["env"], r["num_envs"]): r for r in result["records"]}
+    lines = ["| env | num_envs | ours steps/s | peer steps/s | ours / peer | env-only steps/s | ours / env-only | "
+             "ours per env | peer per env | ours compile s | peer compile s | episodes ended (ours, timed) | "
+             "load average (ours, peer) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by = {(r["system"], r["env"], r["num_envs"]): r for r in result["records"] if "fps" in r}
     for p in result["pairs"]:
-        o, q = by[(OURS, p["env"], p["num_envs"])], by[(PEER, p["env"], p["num_envs"])]
-        lines.append(f"| {p['env']} | {p['num_envs']} | {p['ours_fps']:,.0f} | {p['peer_fps']:,.0f} | "
-                     f"{p['ratio']:.2f}x | {o['fps_per_env']:.2f} | {q['fps_per_env']:.2f} | {o['compile_s']:.1f} | "
-                     f"{q['compile_s']:.1f} | {o.get('episodes_timed')} | {_load(o)}, {_load(q)} |")
+        o, q = by[(OURS, p["env"], p["num_envs"])], by.get((PEER, p["env"], p["num_envs"]))
+        env_only = (f"{p['env_only_fps']:,.0f} | {p['of_env_only']:.2f}x" if "env_only_fps" in p else "n/a | n/a")
+        peer = (f"{q['fps']:,.0f} | {p['ratio']:.2f}x" if q else "not run | n/a")
+        q_per_env, q_compile = (f"{q['fps_per_env']:.2f}", f"{q['compile_s']:.1f}") if q else ("n/a", "n/a")
+        lines.append(f"| {p['env']} | {p['num_envs']} | {p['ours_fps']:,.0f} | {peer} | {env_only} | "
+                     f"{o['fps_per_env']:.2f} | {q_per_env} | {o['compile_s']:.1f} | {q_compile} | "
+                     f"{o.get('episodes_timed')} | {_load(o)}, {_load(q) if q else 'n/a'} |")
+    failed = {}
+    for r in result["records"]:
+        if "error" in r:
+            failed.setdefault((r["env"], r["num_envs"]), []).append(f"{r['system']}: {r['error'][:200]}")
+    for (env, n), why in failed.items():
+        lines.append(f"| {env} | {n} | failed ({'; '.join(why)}) |")
     lines += ["", f"Same process, equal work: {s['updates']} updates of num_envs x {s['num_steps']} steps, "
               f"{s['update_epochs']} epochs x {s['num_minibatches']} minibatches, width {s['width']} (3 layers, tanh), "
               f"from fresh worlds and parameters; each side compiled ahead, one warm-up call, then timed to "
               f"block_until_ready (initialisation included on both sides). Ours: pool resets 1/{s['reset_ratio']}; "
               f"peer: Craftax_Baselines ppo.py unchanged (commit {result.get('peer_commit') or 'unknown'}), "
-              f"optimistic resets 1/{s['reset_ratio']}.",
+              f"optimistic resets 1/{s['reset_ratio']}. Env-only: our vectorised env alone over the same "
+              f"num_envs x {s['num_steps'] * s['updates']} steps from fresh worlds, random actions, pool resets "
+              f"1/{s['reset_ratio']} (the whole loop's ceiling).",
               f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), jax {info.get('jax')}, "
               f"flax {info.get('flax')}, optax {info.get('optax')}; {result.get('date', '')}."]
     atomic_write_text(out / "ppo_vs_peer.md", "\n".join(lines) + "\n")
@@ -296,12 +391,12 @@ def write_outputs(result: dict, out: Path) -> None:
     from jaxrl_hier.logging.plots import pyplot
 
     plt = pyplot()
-    envs = sorted({p["env"] for p in result["pairs"]})
+    envs = sorted({p["env"] for p in result["pairs"] if "ratio" in p})
     if not envs:
         return
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4), squeeze=False)
     for ax, env in zip(axes[0], envs):
-        ps = sorted((p for p in result["pairs"] if p["env"] == env), key=lambda p: p["num_envs"])
+        ps = sorted((p for p in result["pairs"] if p["env"] == env and "ratio" in p), key=lambda p: p["num_envs"])
         x = np.arange(len(ps))
         ax.bar(x - 0.2, [p["ours_fps"] for p in ps], 0.4, label="jaxrl_hier PPO")
         ax.bar(x + 0.2, [p["peer_fps"] for p in ps], 0.4, label="Craftax_Baselines ppo.py")
@@ -584,6 +679,13 @@ def main(argv=None) -> int:
     parser.add_argument("--peer-dir", type=Path, help="a local checkout of Craftax_Baselines")
     parser.add_argument("--envs", nargs="+", default=["Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1"])
     parser.add_argument("--num-envs", type=int, nargs="+", default=[256])
+    parser.add_argument("--points", nargs="+", default=None, metavar="ENV:N",
+                        help="the (env, num_envs) points in this order, instead of every --envs x --num-envs")
+    parser.add_argument("--env-only", action="store_true",
+                        help="time our env stepping alone over the same steps beside both systems")
+    parser.add_argument("--deadline-s", type=float, default=None,
+                        help="start no new point after this many seconds (compilation included); finished points "
+                             "are written as they end")
     parser.add_argument("--num-steps", type=int, default=16)
     parser.add_argument("--minibatches", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=4)
@@ -647,18 +749,36 @@ def main(argv=None) -> int:
         old = json.loads((args.out / "ppo_vs_peer.json").read_text())
         result["records"] = old.get("records", [])
     log = lambda m: print(m, flush=True)  # noqa: E731
-    points = [(env, n) for env in args.envs for n in args.num_envs]
-    sides = build_sides(points, s, module, workers=args.compile_workers, log=log) if args.compile_workers > 1 else None
-    for env, n in points:
+    order = (OURS, PEER, ENV_ONLY) if args.env_only else (OURS, PEER)
+    points = (parse_points(args.points, order) if args.points
+              else [(env, n, order) for env in args.envs for n in args.num_envs])
+    t_start = time.perf_counter()
+    sides = (build_sides(points, s, module, order=order, workers=args.compile_workers, log=log)
+             if args.compile_workers > 1 else None)
+    result["pairs"] = pairs(result["records"])
+    for env, n, order in points:
+        if args.deadline_s is not None and time.perf_counter() - t_start > args.deadline_s:
+            print(f"{env} N={n}: skipped, past the {args.deadline_s:.0f} s deadline", flush=True)
+            continue
         print(f"{env} N={n}", flush=True)
-        new = run_point(env, n, s, module, repeats=args.repeats, log=log, sides=sides)
+        try:
+            new = run_point(env, n, s, module, repeats=args.repeats, order=order, log=log, sides=sides)
+        except Exception as e:  # noqa: BLE001  (recorded; the other points still run)
+            print(f"  failed: {e!r:.300}", flush=True)
+            new = [{"system": system, "env": env, "num_envs": n, **s, "error": point_error(e, system)}
+                   for system in order]
         keys = {(r["system"], r["env"], r["num_envs"]) for r in new}
         result["records"] = [r for r in result["records"] if (r["system"], r["env"], r["num_envs"]) not in keys] + new
         result["pairs"] = pairs(result["records"])
         write_outputs(result, args.out)
+        if sides is not None:  # the point's programs are done with: their memory goes back
+            for system in order:
+                sides.pop((system, env, n), None)
+    write_outputs(result, args.out)  # also when every point was skipped
     for p in result["pairs"]:
-        print(f"{p['env']} N={p['num_envs']}: ours/peer {p['ratio']:.2f}x "
-              f"({p['ours_fps']:,.0f} vs {p['peer_fps']:,.0f} steps/s)")
+        print(f"{p['env']} N={p['num_envs']}: ours {p['ours_fps']:,.0f} steps/s"
+              + (f"; ours/peer {p['ratio']:.2f}x (peer {p['peer_fps']:,.0f})" if "ratio" in p else "")
+              + (f"; ours/env-only {p['of_env_only']:.2f}x" if "of_env_only" in p else ""))
     print(f"wrote {args.out}/ppo_vs_peer.json, .md, .png", file=sys.stderr)
     if args.check:
         failures = check(result["pairs"])
