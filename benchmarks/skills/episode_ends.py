@@ -1,0 +1,83 @@
+"""What ends a Craftax skills run's episodes: the needs that run out, and when health runs low.
+
+    python benchmarks/skills/episode_ends.py RUN [--seed 1000] [--episodes 64] [--out DIR] [--no-manager]
+
+Plays the run's final agent (its learned manager when it has one, else the composed agent) from
+the fresh worlds of `skills eval --seed`, greedy and sampled, the same episodes, while watching state conditions instead
+of skills: food, drink and energy at 0 and at 3 or less, and health at 3 or less. For each it
+reports the share of episodes where it held at some step and the mean step at which it first did.
+On Craftax a need at 0 drains health; an episode that ends with none of them ever at 0 ended by
+damage (zombies, skeletons, arrows, lava). Writes OUT/episode_ends.json (default RUN/eval/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_hier.config import load_config
+from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.skills.cli import check_config
+from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_managed, load_run)
+from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.spec import Condition, Skill
+
+# (name, quantity, op, value): conditions watched instead of skills
+PROBES = (("food at 0", "food", "<=", 0.0), ("drink at 0", "drink", "<=", 0.0), ("energy at 0", "energy", "<=", 0.0),
+          ("food <= 3", "food", "<=", 3.0), ("drink <= 3", "drink", "<=", 3.0), ("energy <= 3", "energy", "<=", 3.0),
+          ("health <= 3", "health", "<=", 3.0))
+
+
+def summarise(stats, names) -> dict:
+    held, first = np.asarray(stats.held), np.asarray(stats.first)
+    need_out = held[:, :3].any(axis=1)  # some need reached 0
+    return {"mean_length": float(np.asarray(stats.length).mean()),
+            "no_need_at_0": float((~need_out).mean()),
+            "probes": {n: {"share": float(held[:, i].mean()),
+                           "mean_first_step": float(first[held[:, i], i].mean()) if held[:, i].any() else None}
+                       for i, n in enumerate(names)}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--seed", type=int, default=1000, help="the worlds' seed (1000: the validation worlds)")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-manager", action="store_true", help="the composed agent even where a manager exists")
+    args = parser.parse_args(argv)
+    config = load_config(SkillsConfig, args.run / "config.yaml", [])
+    catalog = check_config(config)
+    run = load_run(args.run, config, catalog, False, True)
+    probes = [Skill(f"probe{i}", (), (Condition(q, op, v),)) for i, (_, q, op, v) in enumerate(PROBES)]
+    watch = jax.tree.map(jnp.asarray, run.env.conditions(probes))
+    if run.manager and not args.no_manager:
+        agent, played = load_managed(args.run, config, run)
+        kind = f"managed agent over {len(run.manager['skills'])} skills"
+    else:
+        aim = choose_target(run.library, list(run.experts), run.target)
+        agent, (played, _) = run.agent, build_composition(run.env, run.library, run.experts, aim)
+        kind = f"composed agent towards {aim}"
+    played = played.replace(watch=watch)
+    result = {"run": str(args.run), "agent": kind, "seed": args.seed, "episodes": args.episodes}
+    key = jax.random.key(args.seed)
+    for i, mode in enumerate(("greedy", "sampled")):  # the worlds and keys of `skills eval --seed`
+        stats = agent.evaluate(played, jax.random.fold_in(key, i), args.episodes, episode_limit(run.base_params),
+                               mode == "greedy")
+        result[mode] = summarise(stats, [p[0] for p in PROBES])
+    out = args.out or args.run / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "episode_ends.json", result)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
