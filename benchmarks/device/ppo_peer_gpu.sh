@@ -2,10 +2,11 @@
 # Our PPO against Craftax_Baselines' ppo.py on one GPU, in the same process at equal work
 # (benchmarks/ppo/ppo_vs_peer.py): Craftax-Symbolic-v1 and Craftax-Classic-Symbolic-v1 at 1,024, 4,096
 # and 16,384 envs, the Craftax-1B settings (64 steps, 8 minibatches, 4 epochs, width 512), 20
-# updates per timed call after a warm-up call, compile times apart. Sized for 15 minutes of GPU time:
-# every point's programs compile at once on the host's spare cores (COMPILE_WORKERS), and the two
-# envs go in two calls of under 10 minutes each (about 7 and 5 minutes on an H200, estimated from
-# earlier H200 rates, not measured):
+# updates per timed call after a warm-up call, compile times apart. Every point's programs compile
+# at once on the host's spare cores (COMPILE_WORKERS). Measured on an H200 (2026-11-28): 13 programs
+# compiled in 311 s with 13 threads (116 s for one alone); Craftax-Symbolic at 4,096 envs took about
+# 80 s to run (both systems and env-only, warm-up calls included), at 16,384 envs ours and env-only
+# about 150 s. The whole sweep does not fit in one 15-minute lease: pick POINTS (below).
 #
 #   bash benchmarks/device/ppo_peer_gpu.sh OUT                      # both envs (over 10 minutes: split it)
 #   ENVS=Craftax-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT

@@ -267,7 +267,8 @@ def build_sides(points: list[tuple], s: dict, peer_module, order=(OURS, PEER), w
                 log=print) -> dict:
     """Every (system, env, num_envs) built and compiled ahead. With `workers` > 1 the programs compile
     in that many threads at once (XLA compiles each program mostly on one core, and releases the GIL):
-    on a 16-core GPU host the whole sweep compiles in about the time of its slowest program."""
+    on an H200's 16-core host 13 Craftax programs compiled in 311 s with 13 threads, about three times
+    one program alone (116 s), against some 1,300 s one after another."""
     jobs = [(system, env, n) for env, n, *systems in points for system in (systems[0] if systems else order)]
 
     def build(job):
