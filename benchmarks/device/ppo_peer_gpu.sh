@@ -6,7 +6,7 @@
 # at once on the host's spare cores (COMPILE_WORKERS). Measured on an H200 (2026-11-28): 13 programs
 # compiled in 311 s with 13 threads (116 s for one alone); Craftax-Symbolic at 4,096 envs took about
 # 80 s to run (both systems and env-only, warm-up calls included), at 16,384 envs ours and env-only
-# about 150 s. The whole sweep does not fit in one 15-minute lease: pick POINTS (below).
+# about 150 s. The whole sweep does not fit in a machine held for 15 minutes: pick POINTS (below).
 #
 #   bash benchmarks/device/ppo_peer_gpu.sh OUT                      # both envs (over 10 minutes: split it)
 #   ENVS=Craftax-Symbolic-v1 bash benchmarks/device/ppo_peer_gpu.sh OUT
@@ -24,7 +24,7 @@
 #   `python3 -c "import craftax, distrax"` misses there; benchmarks/device/setup.sh installs them.
 # - XLA_CACHE_IN: an xla_cache.tgz an earlier run brought back (same GPU kind and jax): programs load
 #   instead of compiling.
-# One lease of 15 minutes instead (the most wanted points first, our env stepping alone beside
+# For a machine held 15 minutes instead (the most wanted points first, our env stepping alone beside
 # each, no new point after DEADLINE_S seconds):
 #
 #   POINTS="Craftax-Symbolic-v1:4096 Craftax-Classic-Symbolic-v1:4096 Craftax-Symbolic-v1:16384" \
