@@ -680,8 +680,9 @@ def main(argv=None) -> int:
     parser.add_argument("--peer-dir", type=Path, help="a local checkout of Craftax_Baselines")
     parser.add_argument("--envs", nargs="+", default=["Craftax-Classic-Symbolic-v1", "Craftax-Symbolic-v1"])
     parser.add_argument("--num-envs", type=int, nargs="+", default=[256])
-    parser.add_argument("--points", nargs="+", default=None, metavar="ENV:N",
-                        help="the (env, num_envs) points in this order, instead of every --envs x --num-envs")
+    parser.add_argument("--points", nargs="+", default=None, metavar="ENV:N[:SYSTEMS]",
+                        help="the (env, num_envs) points in this order, instead of every --envs x --num-envs; "
+                             "SYSTEMS names the point's own, joined by + (ours, peer, env_only)")
     parser.add_argument("--env-only", action="store_true",
                         help="time our env stepping alone over the same steps beside both systems")
     parser.add_argument("--deadline-s", type=float, default=None,
