@@ -263,13 +263,14 @@ def make_side(system: str, env: str, num_envs: int, s: dict, peer_module):
     return Ours(env, num_envs, s) if system == OURS else Peer(peer_module, env, num_envs, s)
 
 
-def build_sides(points: list[tuple], s: dict, peer_module, order=(OURS, PEER), workers: int = 1,
+def build_sides(points: list[tuple[str, int, tuple[str, ...]]], s: dict, peer_module, workers: int = 1,
                 log=print) -> dict:
-    """Every (system, env, num_envs) built and compiled ahead. With `workers` > 1 the programs compile
+    """Every system of every (env, num_envs, systems) point built and compiled ahead, keyed by
+    (system, env, num_envs). With `workers` > 1 the programs compile
     in that many threads at once (XLA compiles each program mostly on one core, and releases the GIL):
     on an H200's 16-core host 13 Craftax programs compiled in 311 s with 13 threads, about three times
     one program alone (116 s), against some 1,300 s one after another."""
-    jobs = [(system, env, n) for env, n, *systems in points for system in (systems[0] if systems else order)]
+    jobs = [(system, env, n) for env, n, systems in points for system in systems]
 
     def build(job):
         try:
@@ -296,7 +297,7 @@ def run_point(env: str, num_envs: int, s: dict, peer_module, repeats: int = 1, o
     """Both systems at one point: build and compile each (unless `sides` holds them), one warm-up
     call each, then `repeats` rounds of one timed call each, the sides alternating. One record per
     system (its best call)."""
-    sides = sides if sides is not None else build_sides([(env, num_envs)], s, peer_module, order, log=log)
+    sides = sides if sides is not None else build_sides([(env, num_envs, order)], s, peer_module, log=log)
     sides = {system: sides[(system, env, num_envs)] for system in order}
     for system, side in sides.items():
         if isinstance(side, Exception):
@@ -755,26 +756,25 @@ def main(argv=None) -> int:
     points = (parse_points(args.points, order) if args.points
               else [(env, n, order) for env in args.envs for n in args.num_envs])
     t_start = time.perf_counter()
-    sides = (build_sides(points, s, module, order=order, workers=args.compile_workers, log=log)
-             if args.compile_workers > 1 else None)
+    sides = build_sides(points, s, module, workers=args.compile_workers, log=log) if args.compile_workers > 1 else None
     result["pairs"] = pairs(result["records"])
-    for env, n, order in points:
+    for env, n, systems in points:
         if args.deadline_s is not None and time.perf_counter() - t_start > args.deadline_s:
             print(f"{env} N={n}: skipped, past the {args.deadline_s:.0f} s deadline", flush=True)
             continue
         print(f"{env} N={n}", flush=True)
         try:
-            new = run_point(env, n, s, module, repeats=args.repeats, order=order, log=log, sides=sides)
+            new = run_point(env, n, s, module, repeats=args.repeats, order=systems, log=log, sides=sides)
         except Exception as e:  # noqa: BLE001  (recorded; the other points still run)
             print(f"  failed: {e!r:.300}", flush=True)
             new = [{"system": system, "env": env, "num_envs": n, **s, "error": point_error(e, system)}
-                   for system in order]
+                   for system in systems]
         keys = {(r["system"], r["env"], r["num_envs"]) for r in new}
         result["records"] = [r for r in result["records"] if (r["system"], r["env"], r["num_envs"]) not in keys] + new
         result["pairs"] = pairs(result["records"])
         write_outputs(result, args.out)
         if sides is not None:  # the point's programs are done with: their memory goes back
-            for system in order:
+            for system in systems:
                 sides.pop((system, env, n), None)
     write_outputs(result, args.out)  # also when every point was skipped
     for p in result["pairs"]:
