@@ -25,7 +25,8 @@ import numpy as np
 from jaxrl_hier.config import load_config
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.skills.cli import check_config
-from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_managed, load_run)
+from jaxrl_hier.skills.composed import build_composition, choose_target, episode_limit, load_managed, load_run
+from jaxrl_hier.skills.composition import mode_keys
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.spec import Condition, Skill
 
@@ -67,10 +68,8 @@ def main(argv=None) -> int:
         kind = f"composed agent towards {aim}"
     played = played.replace(watch=watch)
     result = {"run": str(args.run), "agent": kind, "seed": args.seed, "episodes": args.episodes}
-    key = jax.random.key(args.seed)
-    for i, mode in enumerate(("greedy", "sampled")):  # the worlds and keys of `skills eval --seed`
-        stats = agent.evaluate(played, jax.random.fold_in(key, i), args.episodes, episode_limit(run.base_params),
-                               mode == "greedy")
+    for mode, mode_key in mode_keys(jax.random.key(args.seed)):  # the worlds of `skills eval --seed`
+        stats = agent.evaluate(played, mode_key, args.episodes, episode_limit(run.base_params), mode == "greedy")
         result[mode] = summarise(stats, [p[0] for p in PROBES])
     out = args.out or args.run / "eval"
     out.mkdir(parents=True, exist_ok=True)

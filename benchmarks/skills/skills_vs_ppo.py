@@ -50,6 +50,7 @@ from jaxrl_hier.logging.plots import save_figure
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_managed, load_run,
                                         play_episodes, summarize)
+from jaxrl_hier.skills.composition import mode_keys
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import load_state
 
@@ -211,8 +212,8 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     steady = ((total - first_n) * ppo.steps_per_update / (train_s - compile_s)) if total > first_n else None
     out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s,
            "steps_per_s": total * ppo.steps_per_update / train_s, "steady_steps_per_s": steady, "curve": curve}
-    for i, mode in enumerate(("greedy", "sampled")):
-        stats = evaluate(runner, jax.random.fold_in(key, i), mode == "greedy")
+    for mode, mode_key in mode_keys(key):
+        stats = evaluate(runner, mode_key, mode == "greedy")
         out[mode] = summarize(stats, names, rewards, [])
     return out
 

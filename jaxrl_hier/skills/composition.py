@@ -81,6 +81,13 @@ def episode_limit(env_params: Any) -> int:
 
 
 
+def mode_keys(key: jax.Array) -> list[tuple[str, jax.Array]]:
+    """(mode, key) for the greedy and the sampled evaluation from `key`: every agent judged from one
+    key (`skills eval --seed`, flat PPO in benchmarks/skills/skills_vs_ppo.py) plays the same fresh
+    worlds in each mode."""
+    return [(mode, jax.random.fold_in(key, i)) for i, mode in enumerate(("greedy", "sampled"))]
+
+
 def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int) -> EpisodeStats:
     """`episodes` fresh worlds of `base` played by `act(obs [N, ...], state, key) -> actions [N]`,
     each for one whole episode (at most `max_steps` steps; the loop stops once every episode has
