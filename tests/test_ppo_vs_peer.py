@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -188,3 +190,53 @@ def test_fps_ppo_point_is_the_same_measurement(monkeypatch, tmp_path):
     assert [r["mode"] for r in recs] == ["vectorized", "craftax_baselines"]
     assert all(r["workload"] == "ppo" and r["steps"] == 256 * 16 * 20 and r["updates"] == 20 for r in recs)
     assert [r["mode"] for r in fps.ppo("CartPole-v1", 8, 8, 20, "pool", 8)] == ["vectorized"]
+
+
+def _fake_profile(env: str, num_envs: int, env_ms: float) -> dict:
+    pieces = [{"piece": name, "s_per_update": ms / 1e3, "share_of_sum": ms / (env_ms + 10.0)}
+              for name, ms in (("env stepping and resets (random actions)", env_ms), ("forward + backward (epochs)", 10.0))]
+    return {"env": env, "num_envs": num_envs, "num_steps": 64, "num_minibatches": 8, "update_epochs": 4, "width": 512,
+            "pieces": pieces, "sum_s": (env_ms + 10.0) / 1e3, "whole_update_s": env_ms / 1e3,
+            "whole_fps": num_envs * 64 / (env_ms / 1e3), "compile_s": {}}
+
+
+def test_profiles_of_several_processes_merge_into_one_table(tmp_path):
+    """benchmarks/device/ppo_profile_gpu.sh profiles each point in a process of its own, then merges
+    their JSON files: one column per point, in the order given, envs and sizes named."""
+    files = []
+    for i, (env, n, ms) in enumerate((("Craftax-Symbolic-v1", 1024, 300.0), ("Craftax-Classic-Symbolic-v1", 4096, 200.0))):
+        files.append(tmp_path / f"p{i}.json")
+        files[-1].write_text(json.dumps({"profiles": [_fake_profile(env, n, ms)], "warmup_steps": 400, "date": "d",
+                                         "device": {"device": "gpu:test"}}))
+    assert bench.main(["--merge-profiles", *map(str, files), "--out", str(tmp_path / "out")]) == 0
+    table = (tmp_path / "out" / "ppo_profile.md").read_text()
+    assert "Craftax-Symbolic-v1, 1,024 envs" in table.splitlines()[0]
+    assert table.splitlines()[0].index("1,024") < table.splitlines()[0].index("Classic")
+    assert "| env stepping and resets (random actions) | 300.0 | 97% | 200.0 | 95% |" in table
+    merged = json.loads((tmp_path / "out" / "ppo_profile.json").read_text())
+    assert [p["num_envs"] for p in merged["profiles"]] == [1024, 4096]
+
+
+def test_turn_lock_and_gate_exclude_other_holders(tmp_path):
+    """The profiling processes' locks: a held turn keeps every other holder out until it ends, and
+    the gate waits for the shared holders to leave."""
+    import fcntl
+    import threading
+
+    path = tmp_path / "turn.lock"
+    with bench.turn_lock(path)():
+        with open(path, "a") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(path, "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free once the turn ended
+    gate = tmp_path / "gate.lock"
+    shared = open(gate, "a")
+    fcntl.flock(shared, fcntl.LOCK_SH)
+    passed = threading.Event()
+    waiter = threading.Thread(target=lambda: (bench.wait_for(gate), passed.set()))
+    waiter.start()
+    assert not passed.wait(0.3)  # a smaller point still runs
+    shared.close()
+    assert passed.wait(10)
+    waiter.join()

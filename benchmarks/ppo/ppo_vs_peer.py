@@ -42,6 +42,8 @@ update (our compiled chunk, from the same warmed env state). Writes OUT/ppo_prof
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import importlib.util
 import json
 import math
@@ -415,18 +417,51 @@ def write_outputs(result: dict, out: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- profile
-def _best(compiled, *args, repeats: int = 3) -> float:
-    jax.block_until_ready(compiled(*args))
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+def turn_lock(path: Path | None):
+    """A factory of `with` blocks that hold the device alone: an exclusive lock on `path`, shared by
+    several profiling processes that compile at once (on a GPU host's spare cores) but must not time
+    at once (they would share the GPU). No path: nothing is held."""
+    if path is None:
+        return contextlib.nullcontext
+
+    @contextlib.contextmanager
+    def held():
+        with open(path, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    return held
+
+
+def wait_for(gate: Path | None) -> None:
+    """Block until no other process holds `gate` (their shared locks), then keep it exclusively for
+    the rest of this process: a point whose arrays need most of the GPU's memory runs once the others
+    are done."""
+    if gate is not None:
+        f = open(gate, "a")  # left open: the lock lasts as long as the process
+        fcntl.flock(f, fcntl.LOCK_EX)
+
+
+def _best(compiled, *args, repeats: int = 3, turn=contextlib.nullcontext) -> float:
+    with turn():
         jax.block_until_ready(compiled(*args))
-        best = min(best, time.perf_counter() - t0)
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(*args))
+            best = min(best, time.perf_counter() - t0)
     return best
 
 
-def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print) -> dict:
-    """Seconds per PPO update of each piece, each compiled apart (see the module docstring)."""
+def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print,
+            turn=contextlib.nullcontext, ready=lambda: None) -> dict:
+    """Seconds per PPO update of each piece, each compiled apart (see the module docstring); `turn`
+    (turn_lock) is held around every timed call, and `ready()` is called once the two large
+    programs (env stepping, the whole update) are compiled, before anything is put on the device
+    beyond the initial state."""
     import optax
 
     from jaxrl_hier.algorithms.gae import gae
@@ -457,18 +492,28 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
     obs, vstate = jax.jit(vec.reset)(jax.random.PRNGKey(0))
     step_c = jax.jit(env_steps).lower(jax.random.PRNGKey(1), vstate, obs).compile()
     compile_s["env"] = time.perf_counter() - t0
-    for i in range(-(-warmup_steps // T)):  # episodes end at their stationary rate from here on
-        vstate, obs, _ = step_c(jax.random.PRNGKey(100 + i), vstate, obs)
-    calls = 8
-    jax.block_until_ready(vstate)
+    # The whole update (our compiled chunk of 2 updates), compiled ahead: it is timed last, from the
+    # warmed env state, which has the initial state's shapes.
+    runner = trainer.init(jax.random.PRNGKey(0))
+    runner = jax.device_put(runner, trainer.shardings(runner))
     t0 = time.perf_counter()
-    for i in range(calls):  # chained calls, so the pool's refills are paid at their rate
-        vstate, obs, traj_obs = step_c(jax.random.PRNGKey(1000 + i), vstate, obs)
-    jax.block_until_ready(vstate)
-    pieces["env stepping and resets (random actions)"] = (time.perf_counter() - t0) / calls
+    chunk = trainer._compiled_chunk(2, runner).lower(runner).compile()
+    compile_s["whole update"] = time.perf_counter() - t0
+    ready()
+    calls = 8
+    with turn():
+        for i in range(-(-warmup_steps // T)):  # episodes end at their stationary rate from here on
+            vstate, obs = step_c(jax.random.PRNGKey(100 + i), vstate, obs)[:2]
+        jax.block_until_ready(vstate)
+        t0 = time.perf_counter()
+        for i in range(calls):  # chained calls, so the pool's refills are paid at their rate
+            # the observations dropped at once: two calls' worth would not fit beside each other at 16,384 envs
+            vstate, obs = step_c(jax.random.PRNGKey(1000 + i), vstate, obs)[:2]
+        jax.block_until_ready(vstate)
+        pieces["env stepping and resets (random actions)"] = (time.perf_counter() - t0) / calls
+    vstate, obs, traj_obs = step_c(jax.random.PRNGKey(1000 + calls), vstate, obs)
     log(f"    env stepping: {pieces['env stepping and resets (random actions)'] * 1e3:.1f} ms per update "
         f"(compiled in {compile_s['env']:.0f} s)")
-    runner = trainer.init(jax.random.PRNGKey(0))
     params = jax.tree.map(lambda x: x[0], runner.train_state.params)
     opt_state = jax.tree.map(lambda x: x[0], runner.train_state.opt_state)
 
@@ -485,7 +530,7 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
         t0 = time.perf_counter()
         c = jax.jit(fn).lower(*args).compile()
         compile_s[name] = time.perf_counter() - t0
-        pieces[name] = _best(c, *args)
+        pieces[name] = _best(c, *args, turn=turn)
         log(f"    {name}: {pieces[name] * 1e3:.1f} ms per call (compiled in {compile_s[name]:.0f} s)")
         return c(*args)
 
@@ -531,15 +576,19 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
 
     timed_piece("optimiser (clip + Adam)", optimise, params, opt_state, grads)
     pieces["optimiser (clip + Adam)"] *= E
+    # The rollout's observations and their minibatch copy are the largest arrays (tens of GB at 16,384
+    # Craftax envs): gone before the whole update needs its own.
+    del traj_obs, traj, mbs, grads, actions, log_prob, values, adv, targets
 
     # The whole update from the warmed env state: our compiled chunk of 2 updates, per update.
     runner = runner.replace(env_state=jax.tree.map(lambda x: x[None, None], vstate),
                             obs=jax.tree.map(lambda x: x[None, None], obs))
     runner = jax.device_put(runner, trainer.shardings(runner))
-    t0 = time.perf_counter()
-    chunk = trainer._compiled_chunk(2, runner).lower(runner).compile()
-    compile_s["whole update"] = time.perf_counter() - t0
-    whole = _best(chunk, runner, repeats=2) / 2
+    try:
+        whole = _best(chunk, runner, repeats=2, turn=turn) / 2
+    except Exception as e:  # out of memory, say: the pieces are still worth their table
+        log(f"    whole update failed: {e!r:.300}")
+        whole = math.nan
     total = sum(pieces.values())
     rows = [{"piece": k, "s_per_update": v, "share_of_sum": v / total} for k, v in pieces.items()]
     for r in rows:
@@ -550,7 +599,7 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
             "whole_fps": num_envs * T / whole, "compile_s": compile_s, "loadavg": os.getloadavg()[0]}
 
 
-def levers(env: str, num_envs: int, s: dict, log=print) -> dict:
+def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcontext) -> dict:
     """Speed levers measured on the update's dearest pieces, each against its float32 / per-leaf
     form at the same shapes (observations random: dense matrix products take the same time on any
     values): bf16 matrix products with float32 parameters (the parameters and observations cast
@@ -644,7 +693,7 @@ def levers(env: str, num_envs: int, s: dict, log=print) -> dict:
         ("optimiser (epochs), one flat vector", optimise(True), (params, grads), E),
     ]:
         c = jax.jit(fn).lower(*args).compile()
-        rows.append({"piece": piece, "s_per_update": _best(c, *args) * times})
+        rows.append({"piece": piece, "s_per_update": _best(c, *args, turn=turn) * times})
         log(f"  {piece:45s} {rows[-1]['s_per_update'] * 1e3:9.1f} ms")
     return {"env": env, "num_envs": num_envs, **s, "rows": rows, "loadavg": os.getloadavg()[0]}
 
@@ -655,7 +704,7 @@ def write_profile(result: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "ppo_profile.json", result)
     profs = result["profiles"]
-    lines = ["| piece | " + " | ".join(f"{p['env']} ms | share" for p in profs) + " |",
+    lines = ["| piece | " + " | ".join(f"{p['env']}, {p['num_envs']:,} envs: ms | share" for p in profs) + " |",
              "|---|" + "---:|---:|" * len(profs)]
     for i, row in enumerate(profs[0]["pieces"]):
         cells = [f"{p['pieces'][i]['s_per_update'] * 1e3:,.1f} | {100 * p['pieces'][i]['share_of_sum']:.0f}%"
@@ -665,7 +714,7 @@ def write_profile(result: dict, out: Path) -> None:
     lines.append("| whole update (compiled chunk) | " + " | ".join(
         f"{p['whole_update_s'] * 1e3:,.1f} | {p['whole_fps']:,.0f} steps/s" for p in profs) + " |")
     s, info = profs[0], result["device"]
-    lines += ["", f"One PPO update of {s['num_envs']} envs x {s['num_steps']} steps, {s['update_epochs']} epochs x "
+    lines += ["", f"One PPO update of each column's envs x {s['num_steps']} steps, {s['update_epochs']} epochs x "
               f"{s['num_minibatches']} minibatches, width {s['width']} (3 layers); each piece compiled apart and timed "
               f"(best of 3; env stepping: the mean of 8 chained calls after {result['warmup_steps']} warm-up steps). "
               f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), jax {info.get('jax')}; "
@@ -705,18 +754,32 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true", help="time the pieces of our update instead")
     parser.add_argument("--levers", action="store_true", help="time the speed levers on the update's pieces instead")
     parser.add_argument("--profile-warmup", type=int, default=400)
+    parser.add_argument("--turn-lock", type=Path, default=None,
+                        help="--profile/--levers: a lock file shared with other profiling processes, held around "
+                             "every timed call (they compile at once, time one at a time)")
+    parser.add_argument("--gate", type=Path, default=None,
+                        help="--profile: once its large programs are compiled, wait for an exclusive lock on this "
+                             "file (other profiling processes hold it shared while they run) before using the device")
+    parser.add_argument("--merge-profiles", type=Path, nargs="+", default=None, metavar="JSON",
+                        help="write one table in OUT from the ppo_profile.json files of several --profile runs")
     parser.add_argument("--date", default=time.strftime("%Y-%m-%d"))
     args = parser.parse_args(argv)
     s = settings(args)
     info = device_info()
     info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
 
+    turn = turn_lock(args.turn_lock)
+    if args.merge_profiles:
+        parts = [json.loads(f.read_text()) for f in args.merge_profiles]
+        write_profile({**parts[0], "profiles": [p for part in parts for p in part["profiles"]]}, args.out)
+        print(f"wrote {args.out}/ppo_profile.json, .md", file=sys.stderr)
+        return 0
     if args.levers:
         res = []
         for env in args.envs:
             for n in args.num_envs:
                 print(f"levers {env} N={n}", flush=True)
-                res.append(levers(env, n, s))
+                res.append(levers(env, n, s, turn=turn))
         from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
         args.out.mkdir(parents=True, exist_ok=True)
@@ -737,7 +800,7 @@ def main(argv=None) -> int:
         for env in args.envs:
             for n in args.num_envs:
                 print(f"profile {env} N={n}", flush=True)
-                profs.append(profile(env, n, s, args.profile_warmup))
+                profs.append(profile(env, n, s, args.profile_warmup, turn=turn, ready=lambda: wait_for(args.gate)))
                 write_profile({"profiles": profs, "device": info, "warmup_steps": args.profile_warmup,
                                "date": args.date}, args.out)
         print(f"wrote {args.out}/ppo_profile.json, .md", file=sys.stderr)
