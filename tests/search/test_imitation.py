@@ -15,14 +15,16 @@ from jaxrl_hier.networks import GPSActorCritic
 from jaxrl_hier.search.baselines import make_runner, make_search_runner
 from jaxrl_hier.search.imitation import behaviour_cloning, demo_observation, make_demo_collector, threshold_rule
 
-from tests.search.test_env import N, setup  # noqa: F401 (the env fixture)
+from tests.search import test_env
+
+N, setup = test_env.N, test_env.setup  # the env fixture, a module-level name so pytest finds it
 
 RULE = (jnp.float32(0.15), jnp.int32(1))  # length_score is tokens / 100: the first steps score below 0.15
 STEPS = N + 2  # more actions than a search can take: the rows after its end are invalid
 
 
 @pytest.fixture(scope="module")
-def demos(setup):  # noqa: F811
+def demos(setup):
     _, env, params, _ = setup
     env = dataclasses.replace(env, greedy_first_child=True, sibling="swap")
     collect = make_demo_collector(env, threshold_rule(env), STEPS)
@@ -57,26 +59,34 @@ def test_demonstrations_are_the_rules_searches(demos):
     assert (d.action[d.valid] == 1).any() and (d.action[d.valid] == 0).any()
 
 
-def test_behaviour_cloning_makes_a_policy_that_searches_like_the_rule(demos):
-    env, params, d = demos
+@pytest.fixture(scope="module")
+def policy(demos):
+    """A GPS policy and its initial params, shared by the tests (one init program, compiled once:
+    run op by op, flax's init compiles each of its hundred-odd ops on its own)."""
+    env, _, _ = demos
     net = GPSActorCritic(env.num_actions, hidden_size=32, num_layers=1, prior=2.0)
-    init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
+    return net, jax.jit(net.init)(jax.random.key(1), env.reset_to(0)[0])["params"]
+
+
+def test_behaviour_cloning_makes_a_policy_that_searches_like_the_rule(demos, policy):
+    env, params, d = demos
+    net, init = policy
     cloned, history = behaviour_cloning(env, net, init, d, steps=150, batch_size=16, learning_rate=3e-3, seed=0)
     assert history[-1]["accuracy"] == 1.0 and history[-1]["nll"] < 0.1 * history[0]["nll"]
     assert history[-1]["value_loss"] < history[0]["value_loss"]
     rule_states, _ = make_runner(env, threshold_rule(env), STEPS)(RULE, params, jnp.arange(2), jax.random.key(0))
-    untrained, _ = make_search_runner(env, net, STEPS)({"params": init}, params, jnp.arange(2), jax.random.key(0))
-    states, _ = make_search_runner(env, net, STEPS)({"params": cloned}, params, jnp.arange(2), jax.random.key(0))
+    search = make_search_runner(env, net, STEPS)  # one program for the untrained and the cloned params
+    untrained, _ = search({"params": init}, params, jnp.arange(2), jax.random.key(0))
+    states, _ = search({"params": cloned}, params, jnp.arange(2), jax.random.key(0))
     for name in ("num_nodes", "tokens_used", "current", "parent"):
         np.testing.assert_array_equal(np.asarray(getattr(states, name)), np.asarray(getattr(rule_states, name)))
     # the prior alone (Expand until the end) searches differently: the clone learned the branches
     assert not np.array_equal(np.asarray(untrained.parent), np.asarray(rule_states.parent))
 
 
-def test_behaviour_cloning_refuses_demonstrations_it_cannot_learn(demos):
+def test_behaviour_cloning_refuses_demonstrations_it_cannot_learn(demos, policy):
     env, _, d = demos
-    net = GPSActorCritic(env.num_actions, hidden_size=8, num_layers=1)
-    init = net.init(jax.random.key(1), env.reset_to(0)[0])["params"]
+    net, init = policy
     with pytest.raises(ValueError, match="no valid action"):
         behaviour_cloning(env, net, init, d._replace(valid=np.zeros_like(d.valid)), steps=1, batch_size=4,
                           learning_rate=1e-3)

@@ -10,12 +10,14 @@ from kill_windows import assert_kill_windows_replay
 
 from jaxrl_hier import train
 
+# One GPS layer for the policy: the PPO, imitation and search programs hold one copy of the layer
+# instead of two, and compile sooner.
 TINY = ["model.hidden_size=32", "model.layers=1", "model.heads=2", "model.kv_heads=1", "model.intermediate_size=64",
         "sft.steps=4", "sft.batch_size=8", "rm_problems=8", "rm_samples=2", "rm_eval_problems=8", "rm_steps=3",
         "rm_batch_size=8", "train_problems=16", "ppo.total_timesteps=64", "ppo.num_envs=4", "ppo.num_steps=8",
         "ppo.num_minibatches=2", "ppo.update_epochs=1", "eval_problems=4", "eval_every=1", "sc_samples=[2]",
         "mcts_simulations=2", "max_nodes=4", "checkpoint_every=1", "rm_sft_steps=4", "imitation_problems=4",
-        "imitation_batch_size=8"]
+        "imitation_batch_size=8", "ppo.num_layers=1"]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -69,30 +71,52 @@ def test_resume_refuses_another_total_timesteps(tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["config.yaml"] and (out / "config.yaml").read_bytes() == before
 
 
-def test_stop_after_ends_the_pipeline_at_a_stage_and_a_resume_lifts_it(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def staged_run(tmp_path_factory):
+    """A run stopped after SFT, then moved on by --resume to stop after the reward model: what each
+    stop left behind is recorded here, and the end-to-end test goes on with this very run (one set
+    of SFT and reward-model programs for the file, and the pipeline's stages up to the reward model
+    are the ones a stopped run left)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("pgts") / "run"
+    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY,
+            "imitation_steps=3"]
+    listing = lambda: {str(p.relative_to(out)): p.is_file() for p in out.rglob("*")}  # noqa: E731 (path: a file?)
+    seen = {"rc_sft": train.main(args + ["stop_after=sft"])}
+    seen["after_sft"] = listing()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        seen["rc_reward_model"] = train.main(["--resume", "--output-dir", str(out), "--no-progress",
+                                              "stop_after=reward_model"])
+    seen.update(after_reward_model=listing(), err=err.getvalue(), config=(out / "config.yaml").read_text())
+    return out, args, seen
+
+
+def test_stop_after_ends_the_pipeline_at_a_stage_and_a_resume_lifts_it(staged_run):
     """stop_after: the models a validation sweep compares, with no look at the test split (no PPO
     stage, whose evaluations are on test, and no evaluation stage); a --resume may move it on."""
-    out = tmp_path / "run"
-    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY]
-    assert train.main(args + ["stop_after=sft"]) == 0
-    assert (out / "sft/DONE").is_file() and not (out / "reward_model").exists()
-    assert train.main(["--resume", "--output-dir", str(out), "--no-progress", "stop_after=reward_model"]) == 0
-    assert "stop_after: reward_model: the pipeline ends here" in capsys.readouterr().err
-    assert (out / "reward_model/DONE").is_file() and (out / "reward_model/sft/DONE").is_file()
-    assert not (out / "checkpoints").exists() and not (out / "eval").exists() and not (out / "metrics.jsonl").exists()
-    assert "stop_after: reward_model" in (out / "config.yaml").read_text()
+    _, _, seen = staged_run
+    assert seen["rc_sft"] == 0
+    assert seen["after_sft"].get("sft/DONE") and "reward_model" not in seen["after_sft"]
+    assert seen["rc_reward_model"] == 0
+    assert "stop_after: reward_model: the pipeline ends here" in seen["err"]
+    after = seen["after_reward_model"]
+    assert after.get("reward_model/DONE") and after.get("reward_model/sft/DONE")
+    assert not {"checkpoints", "eval", "metrics.jsonl"} & after.keys()
+    assert "stop_after: reward_model" in seen["config"]
 
 
 @pytest.mark.slow
-def test_pipeline_end_to_end(tmp_path, capsys):
+def test_pipeline_end_to_end(staged_run, capsys):
     """Our shipped config: swap siblings, the likelihood verifier with its own SFT stage under
     reward_model/sft, PPO started from the threshold rule by imitation. (The paper's config, with
     sampled siblings, the classifier reward model and PPO from scratch, runs through its PPO stage
-    in test_pgts_reward_model_bench.py, which benchmarks that run.)"""
-    out = tmp_path / "run"
-    args = ["--config", "configs/pgts_arithmetic.yaml", "--output-dir", str(out), "--no-progress", *TINY,
-            "imitation_steps=3"]
-    assert train.main(args) == 0
+    in test_pgts_reward_model_bench.py, which benchmarks that run.) The run is the one stopped after
+    its reward model: a --resume with stop_after lifted runs the rest of the pipeline."""
+    out, args, _ = staged_run
+    assert train.main(args + ["--resume", "stop_after=null"]) == 0
     for path in ("config.yaml", "sft/DONE", "sft/model", "reward_model/DONE", "metrics.jsonl", "trees.txt",
                  "learning_curve.png", "eval/results.json", "eval/table.md", "eval/accuracy_vs_tokens.png",
                  "eval/trees.txt"):
