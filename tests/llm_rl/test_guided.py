@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kill_windows import assert_kill_windows_replay
 
-from jaxrl_hier.llm_rl.critic import DoubleCritic, critic_loss, critic_step, critic_targets, init_critic_state
+from jaxrl_hier.llm_rl.critic import DoubleCritic, critic_step, critic_targets, init_critic_state
 from jaxrl_hier.llm_rl.guided import build_critic_encoder
 from jaxrl_hier.llm_rl.guided_config import GuidedConfig
 from jaxrl_hier.llm_rl.replay import Transitions, init_replay, insert, sample
@@ -60,11 +60,15 @@ def test_critic_targets_by_hand():
 
 @pytest.fixture(scope="module")
 def tiny_critic():
+    """The critic, and its advantage as one compiled program shared by the tests below at one batch
+    shape (run eagerly, every operation would compile on its own, which costs more)."""
     tok = build_char_tokenizer()
     cfg = GuidedConfig(critic_hidden_size=16, critic_intermediate_size=32, critic_mlp_hidden=8)
-    return DoubleCritic("encoder", encoder=build_critic_encoder(cfg, tok, S + N), mlp_hidden=8)
+    critic = DoubleCritic("encoder", encoder=build_critic_encoder(cfg, tok, S + N), mlp_hidden=8)
+    return critic, jax.jit(critic.advantage)
 
 
+@jax.jit
 def constant_heads(params, q, v):
     """Heads whose output is a constant: zero hidden layer, output bias = the constant."""
     out = dict(params)
@@ -76,31 +80,41 @@ def constant_heads(params, q, v):
 
 
 def test_advantage_is_min_q_minus_min_v(tiny_critic):
-    params = constant_heads(tiny_critic.init(jax.random.key(0)), q=(1.0, 2.5), v=(3.0, 0.25))
-    tr = transitions(5, 2)
-    adv, out = tiny_critic.advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
-    np.testing.assert_allclose(adv, [1.0 - 0.25] * 2)  # positive: the utterance beats the state's value
+    critic, advantage = tiny_critic
+    params = constant_heads(critic.init(jax.random.key(0)), q=(1.0, 2.5), v=(3.0, 0.25))
+    tr = transitions(5, 8)
+    adv, out = advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
+    np.testing.assert_allclose(adv, [1.0 - 0.25] * 8)  # positive: the utterance beats the state's value
     params = constant_heads(params, q=(1.0, 2.5), v=(3.0, 1.5))
-    adv, _ = tiny_critic.advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
-    np.testing.assert_allclose(adv, [1.0 - 1.5] * 2)
+    adv, _ = advantage(params, tr.state, tr.state_mask, tr.action, tr.action_mask)
+    np.testing.assert_allclose(adv, [1.0 - 1.5] * 8)
 
 
 def test_critic_step_regresses_and_moves_the_target_by_polyak(tiny_critic):
-    tau = 0.1
+    critic, advantage = tiny_critic
+    tau, gamma = 0.1, 0.9
     opt = optax.adam(1e-2)
-    state = init_critic_state(tiny_critic, opt, jax.random.key(1))
-    # a target that differs from the parameters, to see the mix
-    state = state.replace(target=jax.tree.map(lambda x: x + 0.5, state.target))
+    # a target that differs from the parameters, to see the mix (one program, not one per operation)
+    state = jax.jit(lambda key: (lambda s: s.replace(target=jax.tree.map(lambda x: x + 0.5, s.target)))(
+        init_critic_state(critic, opt, key)))(jax.random.key(1))
     tr = transitions(1, 8)
     pi_a, pi_m = tr.action[::-1], tr.action_mask
-    step = jax.jit(lambda s: critic_step(tiny_critic, opt, tau, 0.9, s, tr, pi_a, pi_m))
+    step = jax.jit(lambda s: critic_step(critic, opt, tau, gamma, s, tr, pi_a, pi_m))
     old_target = state.target
     new, metrics = step(state)
     # the target moved towards the *new* parameters inside the same step: tau * new + (1 - tau) * old
     jax.tree.map(lambda t, p, o: np.testing.assert_allclose(t, tau * p + (1 - tau) * o, rtol=1e-5, atol=1e-6),
                  new.target, new.params, old_target)
     assert not np.allclose(new.params["q1"]["out"]["kernel"], state.params["q1"]["out"]["kernel"])
-    loss0 = critic_loss(tiny_critic, state.params, old_target, tr, pi_a, pi_m, 0.9)[0]
+    # the reported loss is that of the parameters before the step, worked out by hand from the heads:
+    # Q_i(s, a) towards r + gamma (1 - done) V_target_i(s'), V_i(s) towards Q_target_i(s, a'), MSE summed
+    out = advantage(state.params, tr.state, tr.state_mask, tr.action, tr.action_mask)[1]
+    v_next = advantage(old_target, tr.next_state, tr.next_mask, tr.action, tr.action_mask)[1]
+    q_pi = advantage(old_target, tr.state, tr.state_mask, pi_a, pi_m)[1]
+    not_done = 1.0 - tr.done
+    targets = (tr.reward + gamma * not_done * np.asarray(v_next.v1),
+               tr.reward + gamma * not_done * np.asarray(v_next.v2), np.asarray(q_pi.q1), np.asarray(q_pi.q2))
+    loss0 = sum(np.mean((np.asarray(pred, np.float64) - y) ** 2) for pred, y in zip(out, targets))
     assert float(metrics["critic/loss"]) == pytest.approx(float(loss0), rel=1e-5)
     s = new
     for _ in range(30):
@@ -134,32 +148,32 @@ def tiny_agents():
 
 def test_actor_micro_batches_accumulate_the_whole_batch_gradient_in_less_memory(tiny_agents):
     whole, micro = tiny_agents
-    state = whole.init(jax.random.key(0))
-    # non-zero LoRA B matrices, so that the A matrices get gradients too
-    state = state.replace(policy=jax.tree.map(lambda x: x + 0.01, state.policy))
+    # non-zero LoRA B matrices, so that the A matrices get gradients too (one program for the state)
+    state = jax.jit(lambda key: (lambda s: s.replace(policy=jax.tree.map(lambda x: x + 0.01, s.policy)))(
+        whole.init(key)))(jax.random.key(0))
     _, turns, _ = whole.rollout(state, whole.episodes_for(0), jax.random.key(1))
     bases, batches = whole.bases(), whole.role_batches(turns)
 
-    def grads(agent):
+    def compiled(agent):
+        """The gradient program, compiled once: run for the numbers, and read for its memory."""
         def fn(state, bases, batches):
-            inputs, _ = agent._policy_inputs(state, bases, batches)
-            return agent._policy_grads(state.policy, bases, inputs)
-        return jax.jit(fn), fn
+            inputs, metrics = agent._policy_inputs(state, bases, batches)
+            return agent._policy_grads(state.policy, bases, inputs), metrics
+        return jax.jit(fn).lower(state, bases, batches).compile()
 
-    (g_whole, loss_whole, s_whole), (g_micro, loss_micro, s_micro) = (
-        grads(a)[0](state, bases, batches) for a in (whole, micro))
+    programs = [compiled(a) for a in (whole, micro)]
+    ((g_whole, loss_whole, s_whole), metrics), ((g_micro, loss_micro, s_micro), _) = (
+        p(state, bases, batches) for p in programs)
     assert float(jnp.abs(optax.tree.norm(g_whole))) > 0
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7), g_whole, g_micro)
     assert float(loss_micro) == pytest.approx(float(loss_whole), rel=1e-5, abs=1e-6)  # a sum that nearly cancels
     for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
         assert key in s_whole, key
-    inputs, metrics = whole._policy_inputs(state, bases, batches)
     assert {"actor/v_return_mse", "actor/q_return_mse", "actor/return_var", "actor/advantage_agreement"} <= set(metrics)
     for key in ("actor/kl", "guidance/kl", "actor/ratio", "guidance/pg_loss"):
         assert float(s_micro[key]) == pytest.approx(float(s_whole[key]), rel=1e-4, abs=1e-7), key
     # 4 micro-batches of 2 episodes: the compiled step keeps a quarter of the activations
-    temp = [jax.jit(grads(a)[1]).lower(state, bases, batches).compile().memory_analysis().temp_size_in_bytes
-            for a in (whole, micro)]
+    temp = [p.memory_analysis().temp_size_in_bytes for p in programs]
     assert temp[1] < 0.7 * temp[0], temp
 
 
