@@ -62,9 +62,10 @@ def test_an_option_runs_until_its_condition_or_its_cap_and_masks_follow():
     params = ManagerParams(base_params, options, np.int32(3))
     acts = skill_env.base.action_names
     a = lambda option, action: names.index(option) * env.num_actions + acts.index(action)  # noqa: E731
-    obs, state = env.reset(jax.random.key(0), params)
+    # reset and observation jitted: op by op, their many small operations each compiled alone
+    obs, state = jax.jit(env.reset)(jax.random.key(0), params)
     state = hand_made_world(env, state)
-    obs = env._observe(None, state.base, state.option, params)
+    obs = jax.jit(env._observe)(None, state.base, state.option, params)
     # between options: every option whose skill does not hold may start; routing: place_table's
     # option acts through collect_wood's expert (bank row 0) while there is no wood
     assert obs["action_mask"].tolist() == [True, True, True] and not obs["running"]
@@ -90,9 +91,9 @@ def test_every_skill_holding_lets_every_option_start():
     options = build_options(skill_env, lib, ["collect_wood"], ["collect_wood"])
     env = ManagerEnv(skill_env, len(skill_env.base.action_names))
     params = ManagerParams(base_params, options, np.int32(3))
-    _, state = env.reset(jax.random.key(0), params)
+    _, state = jax.jit(env.reset)(jax.random.key(0), params)
     inventory = state.base.inventory.at[0].set(2)  # wood held: the only option's skill holds
-    obs = env._observe(None, state.base.replace(inventory=inventory), jnp.int32(-1), params)
+    obs = jax.jit(env._observe)(None, state.base.replace(inventory=inventory), jnp.int32(-1), params)
     assert obs["action_mask"].tolist() == [True]
 
 
@@ -109,22 +110,29 @@ def test_a_primitive_choice_takes_its_base_action_for_one_step():
     trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
     env, acts = trainer.env, skill_env.base.action_names
     assert trainer.env.action_space(trainer.params).n == (2 + len(acts)) * len(acts)
-    obs, state = env.reset(jax.random.key(0), trainer.params)
+    # reset and observation jitted: op by op, their many small operations each compiled alone
+    obs, state = jax.jit(env.reset)(jax.random.key(0), trainer.params)
     state = hand_made_world(env, state)  # the observation stays the reset's: the manager below ignores it
-    obs = env._observe(obs["obs"], state.base, state.option, trainer.params)
+    obs = jax.jit(env._observe)(obs["obs"], state.base, state.option, trainer.params)
     assert obs["action_mask"].tolist() == [True] * (2 + len(acts)) and obs["rows"].shape == (2 + len(acts),)
     do = 2 + acts.index("do")  # the manager's own "do" next to the tree
     batch = jax.tree.map(lambda x: x[None], obs)
-    params = trainer.policy.init(jax.random.key(1), batch)["params"]
+    params = jax.jit(trainer.policy.init)(jax.random.key(1), batch)["params"]
     last = params["actor"][-1]
     last["kernel"], last["bias"] = jnp.zeros_like(last["kernel"]), jnp.full_like(last["bias"], -50.0).at[do].set(50.0)
     agent = ManagedAgent(trainer)
     managed = agent.managed(trainer, params, skill_env.conditions([lib["collect_wood"]]))
-    pi, _ = trainer.policy.apply(managed.variables, batch)
-    action, label = agent.actions(managed, batch, jax.random.key(2), False)
+
+    @jax.jit  # one program: op by op, the policy's many small operations each compiled alone
+    def act(managed, batch, key):
+        pi, _ = trainer.policy.apply(managed.variables, batch)
+        action, label = agent.actions(managed, batch, key, False)
+        return action, label, pi.log_prob(action), jax.nn.log_softmax(pi.logits)
+
+    action, label, log_prob, manager_log_probs = act(managed, batch, jax.random.key(2))
     assert int(action[0]) == do * len(acts) + acts.index("do")  # not the experts' noop
     assert agent.labels[int(label[0])] == "manager (base action)"
-    assert float(pi.log_prob(action)[0]) == pytest.approx(float(jax.nn.log_softmax(pi.logits)[0, do]))
+    assert float(log_prob[0]) == pytest.approx(float(manager_log_probs[0, do]))
     obs, state, reward, *_ = jax.jit(env.step)(jax.random.key(3), state, action[0], trainer.params)
     assert float(reward) == 1.0 and int(state.option) == -1 and not obs["running"]  # one step, then a decision
     assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held

@@ -211,7 +211,7 @@ def test_restarts_resume_from_the_state_where_the_skill_was_reached():
     # In a vec env: finished envs restart from their anchor, or borrow another env's; with no anchor
     # anywhere they take fresh worlds.
     vec = make_vec_env(senv, p, num_envs=3, reset_ratio=1)
-    _, v = vec.reset(jax.random.key(0))
+    _, v = jax.jit(vec.reset)(jax.random.key(0))
     vec_step = jax.jit(vec.step)
     envs = jax.tree.map(lambda x: jnp.stack([x, x, x]), s)
     envs = envs.replace(base=envs.base.replace(timestep=jnp.array([99, 99, 50], jnp.int32)),  # 0, 1 end now
@@ -243,31 +243,42 @@ def test_moe_policy_trains_only_the_new_expert():
     variables = policy.init(jax.random.key(0), obs)
     assert set(variables["params"]) == {"actor", "critic"}  # one expert: what the optimiser sees
     assert variables["experts"]["actor"][0]["kernel"].shape == (3, 5, 8)
-    frozen = jax.tree.map(lambda w: jax.random.normal(jax.random.key(1), w.shape), variables["experts"]["actor"])
-    extra = {"actor": frozen, "plan_len": jnp.int32(2)}  # rows 0, 1: dependencies; position 2: new expert
 
-    def loss(params, bank):
-        pi, v = policy.apply({"params": params, "experts": {**extra, "actor": bank}}, obs)
-        return pi.logits.sum() + v.sum()
+    # Everything below is computed in one jitted program and checked on the host: run op by op, its
+    # hundreds of small operations each compiled on their own and took most of this test's time.
+    @jax.jit
+    def compute(params, bank):
+        frozen = jax.tree.map(lambda w: jax.random.normal(jax.random.key(1), w.shape), bank)
+        extra = {"actor": frozen, "plan_len": jnp.int32(2)}  # rows 0, 1: dependencies; position 2: new expert
 
-    g_params, g_bank = jax.grad(loss, argnums=(0, 1))(variables["params"], frozen)
-    assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(g_bank))
-    assert float(jnp.abs(g_params["actor"][0]["kernel"]).sum()) > 0
+        def loss(params, bank):
+            pi, v = policy.apply({"params": params, "experts": {**extra, "actor": bank}}, obs)
+            return pi.logits.sum() + v.sum()
+
+        g_params, g_bank = jax.grad(loss, argnums=(0, 1))(params, frozen)
+        out = {"g_bank": g_bank, "g_kernel": g_params["actor"][0]["kernel"]}
+        cut = {"actor": jax.tree.map(lambda w: w[:2], frozen), "plan_len": jnp.int32(2)}
+        expert_1 = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
+        for dispatch in ("gather", "mask"):
+            pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch, greedy_frozen=True)
+            sampled, _ = MoEPolicy(4, 8, 2, "tanh", 3, dispatch).apply({"params": params, "experts": cut}, obs)
+            pi, _ = pol.apply({"params": params, "experts": extra}, obs)
+            pi_cut, _ = pol.apply({"params": params, "experts": cut}, obs)
+            out[dispatch] = {"sampled": sampled.logits[1:2], "mode": pi.mode(), "log_prob": pi.log_prob(pi.mode()),
+                             "entropy": pi.entropy(), "logits": pi.logits, "cut_logits": pi_cut.logits}
+        return out, expert_1
+
+    out, want = compute(variables["params"], variables["experts"]["actor"])
+    assert all(float(jnp.abs(g).sum()) == 0.0 for g in jax.tree.leaves(out["g_bank"]))
+    assert float(jnp.abs(out["g_kernel"]).sum()) > 0
     # Rows routed to a frozen expert use that expert's weights, exactly (here greedily); the new
     # expert's rows sample. A bank cut to the plan (2 rows, as the trainer passes it) gives the same policy.
-    cut = {"actor": jax.tree.map(lambda w: w[:2], frozen), "plan_len": jnp.int32(2)}
     for dispatch in ("gather", "mask"):
-        pol = MoEPolicy(4, 8, 2, "tanh", 3, dispatch, greedy_frozen=True)
-        sampled, _ = MoEPolicy(4, 8, 2, "tanh", 3, dispatch).apply({"params": variables["params"], "experts": cut}, obs)
-        np.testing.assert_allclose(np.asarray(sampled.logits[1:2]),
-                                   np.asarray(jax.nn.log_softmax(mlp_apply(jax.tree.map(lambda w: w[1], frozen),
-                                                                           obs["obs"][1:2], jnp.tanh))), atol=1e-5)
-        pi, _ = pol.apply({"params": variables["params"], "experts": extra}, obs)
-        want = mlp_apply(jax.tree.map(lambda w: w[1], frozen), obs["obs"][1:2], jnp.tanh)
-        assert int(pi.mode()[1]) == int(jnp.argmax(want)) and float(pi.log_prob(pi.mode())[1]) == 0.0
-        assert float(pi.entropy()[1]) == 0.0 and float(pi.entropy()[2]) > 0.1
-        pi_cut, _ = pol.apply({"params": variables["params"], "experts": cut}, obs)
-        np.testing.assert_allclose(np.asarray(pi_cut.logits), np.asarray(pi.logits), atol=1e-5)
+        got = out[dispatch]
+        np.testing.assert_allclose(np.asarray(got["sampled"]), np.asarray(jax.nn.log_softmax(want)), atol=1e-5)
+        assert int(got["mode"][1]) == int(jnp.argmax(want)) and float(got["log_prob"][1]) == 0.0
+        assert float(got["entropy"][1]) == 0.0 and float(got["entropy"][2]) > 0.1
+        np.testing.assert_allclose(np.asarray(got["cut_logits"]), np.asarray(got["logits"]), atol=1e-5)
 
 
 def test_idle_slot_params_never_succeed():
@@ -328,7 +339,7 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
     actions = jax.random.randint(jax.random.fold_in(k, 3), (rows,), 0, 4)
     for dispatch in ("gather", "mask"):
         pol = MoEPolicy(4, 16, 2, "tanh", experts - 1, dispatch, greedy_frozen=True)
-        variables = pol.init(jax.random.key(0), obs)
+        variables = jax.jit(pol.init)(jax.random.key(0), obs)
         frozen = {"actor": jax.tree.map(lambda w: w[:-1], bank), "plan_len": jnp.int32(experts - 2)}
 
         def ppo_like(params, routed):
@@ -337,9 +348,10 @@ def test_gather_and_mask_mixtures_have_equal_gradients():
             return ((mixture.log_prob(actions) * weights[:, 0]).sum() + (v * weights[:, 1]).sum()
                     + mixture.entropy().sum())
 
-        grad = jax.jit(jax.grad(ppo_like), static_argnums=1)
-        got, want = (grad(variables["params"], routed) for routed in (False, True))
-        assert float(ppo_like(variables["params"], False)) != float(ppo_like(variables["params"], True))
+        # One jitted program for both losses and their gradients (op by op, each small operation compiled alone).
+        both = jax.jit(lambda p: [jax.value_and_grad(ppo_like)(p, routed) for routed in (False, True)])
+        (value, got), (routed_value, want) = both(variables["params"])
+        assert float(value) != float(routed_value)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert np.isfinite(np.asarray(g)).all()
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
