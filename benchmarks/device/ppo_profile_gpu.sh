@@ -7,15 +7,21 @@
 #
 #   bash benchmarks/device/ppo_profile_gpu.sh OUT
 #
-# Each point is its own process: all compile at once on the host's cores (a Craftax-Symbolic update
-# compiles in about two minutes on an H200's host) and take turns on the GPU through one lock file
-# (--turn-lock), so no two timed calls share it. Nothing is preallocated and each process is capped
-# at the share of GPU memory its arrays need; the 16,384-env point (its rollout's observations alone
-# are 35 GB) uses the device only once the others have finished (--gate), its programs compiled by then. OUT receives ppo_profile.{json,md} (one column per point), ppo_levers.{json,md},
-# the per-point logs and versions.txt; the same files go to benchmarks/results/<gpu>/ppo_profile/.
-# Packages the GPU machine lacks travel as wheels in .whl/ (benchmarks/device/setup.sh).
-# Variables: JOB_TIMEOUT_S (each process's limit, default 450), TINY=1 (CartPole at 8 and 16 envs,
-# width 8: a CPU-sized smoke run of the same plumbing), GPU_NAME, RESULTS.
+# Each point is its own process: all compile at once on the host's cores and take turns on the GPU
+# through one lock file (--turn-lock), so no two timed calls share it. Nothing is preallocated and
+# each process is capped at the share of GPU memory its arrays need; the 16,384-env point (its
+# rollout's observations alone are 35 GB) uses the device only once the others have finished
+# (--gate), its programs compiled by then. On one H200 (2026-11-28) the call took 416 s: the
+# Craftax-Symbolic env program and whole update compiled in about 125 s each with all five
+# processes compiling, and the 16,384-env point ran out of GPU memory at its minibatch gathers
+# (the rollout's observations and their minibatch copy, 35 and 32 GB, side by side).
+#
+# OUT receives ppo_profile.{json,md} (one column per point), ppo_levers.{json,md}, the per-point
+# logs and versions.txt; the same files go to benchmarks/results/<gpu>/ppo_profile/. Packages the
+# GPU machine lacks travel as wheels in .whl/ (benchmarks/device/setup.sh).
+# Variables: JOB_TIMEOUT_S (each process's limit, default 450), TINY=1 (CartPole at 8, 12, 16 and
+# 32 envs, width 8: a CPU-sized smoke run of the same plumbing, about 3.5 minutes on a 2-core AMD
+# EPYC), GPU_NAME, RESULTS.
 set -uo pipefail
 out=${1:?usage: ppo_profile_gpu.sh OUT}
 mkdir -p "$out"
