@@ -11,9 +11,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.ppo import ppo_vs_peer as bench  # noqa: E402

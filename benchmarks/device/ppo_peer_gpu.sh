@@ -46,9 +46,7 @@ if [ -n "${TINY:-}" ]; then
 else
   sizes=${NUM_ENVS:-1024 4096 16384} steps=${NUM_STEPS:-64} updates=${UPDATES:-20} width=${WIDTH:-512}
 fi
-gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
-  | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
-gpu=${gpu:-cpu}
+source "$(dirname "$0")/gpu_name.sh"  # $gpu
 results=${RESULTS:-benchmarks/results/$gpu/ppo_peer}
 if [ -n "${POINTS:-}" ]; then where=(--points $POINTS); else where=(--envs $envs --num-envs $sizes); fi
 cmd=("${PYTHON:-python3}" benchmarks/ppo/ppo_vs_peer.py --peer-dir "$peer" --out "$out" "${where[@]}"

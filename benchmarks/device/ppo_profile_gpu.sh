@@ -26,9 +26,7 @@ set -uo pipefail
 out=${1:?usage: ppo_profile_gpu.sh OUT}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-gpu=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
-  | sed -E 's/^NVIDIA //; s/ .*//' | tr 'A-Z' 'a-z')}
-gpu=${gpu:-cpu}
+source "$(dirname "$0")/gpu_name.sh"  # $gpu
 results=${RESULTS:-benchmarks/results/$gpu/ppo_profile}
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false
