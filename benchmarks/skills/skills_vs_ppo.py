@@ -286,12 +286,20 @@ def plot(results: dict, path: Path) -> None:
     save_figure(fig, path)
 
 
+def stage_steps(state) -> int:
+    """Env steps of the run's finished manager stage, its generalist stage's included (0: no manager)."""
+    if state.manager.get("status") != "done":
+        return 0
+    return int(state.manager.get("steps", 0)) + int(state.generalist.get("steps", 0))
+
+
 def managed_figures(run_dir: Path, run_config: SkillsConfig, run, budget: int, key, episodes: int,
                     max_steps: int) -> dict:
     """The run's managed agent from the fresh worlds of `key`, greedy and sampled."""
     agent, managed = load_managed(run_dir, run_config, run)
     names, rewards = tuple(run.env.base.achievement_names), tuple(run.env.base.achievement_rewards)
-    out = {"env_steps": budget, "manager_steps": int(run.manager["steps"]), "skills": run.manager["skills"],
+    out = {"env_steps": budget, "manager_steps": int(run.manager["steps"]),
+           "generalist_steps": int(load_state(run_dir).generalist.get("steps", 0)), "skills": run.manager["skills"],
            "manager_config": dataclasses.asdict(run_config.manager)}
     for j, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(managed, jax.random.fold_in(key, j), episodes, max_steps, mode == "greedy")
@@ -308,8 +316,7 @@ def variant_figures(run_dir: Path, catalog, include_running: bool, state, budget
     run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
     other = load_state(run_dir)
     same = ([(r.name, r.total_steps) for r in other.skills] == [(r.name, r.total_steps) for r in state.skills]
-            and other.chain.get("steps") == state.chain.get("steps")
-            and other.manager.get("status") == "done" and other.manager.get("steps") == state.manager.get("steps"))
+            and other.chain.get("steps") == state.chain.get("steps") and stage_steps(other) == stage_steps(state) > 0)
     if not same:
         sys.exit(f"{run_dir}: not a copy of the skills run with a finished manager stage of the same length")
     return managed_figures(run_dir, run_config, load_run(run_dir, run_config, catalog, include_running), budget, key,
@@ -354,9 +361,9 @@ def main(argv=None) -> int:
         run_config = load_config(SkillsConfig, run_dir / "config.yaml", [])
         state = load_state(run_dir)
         # every skill's steps, failed attempts included, the chain fine-tuning's (skills.chain) and the
-        # manager's (skills.manager)
+        # manager's with its generalist stage's (skills.manager)
         chain_steps = int(state.chain.get("steps", 0))
-        manager_steps = int(state.manager.get("steps", 0)) if state.manager.get("status") == "done" else 0
+        manager_steps = stage_steps(state)
         budget = sum(r.total_steps for r in state.skills) + chain_steps + manager_steps
         run = load_run(run_dir, run_config, catalog, args.include_running)
         # the curve's points before the chain are the skills' own experts, not the tuned ones

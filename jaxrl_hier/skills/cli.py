@@ -29,10 +29,12 @@ CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
 # network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
 # They bound the whole run, retry failed skills, reach the generator, or judge the lock; a larger
-# `chain_timesteps` goes on with the chain fine-tuning from its last chunk (skills.chain).
+# `chain_timesteps` goes on with the chain fine-tuning from its last chunk (skills.chain), a larger
+# `manager.generalist_timesteps` with the generalist until the manager stage has begun.
 RESUME_SAFE_KEYS = ("max_rounds", "max_wall_s", "max_retries", "stale_lock_s", "stuck_after_s", "generator",
                     "llm_base_url", "llm_model", "llm_api_key_env", "llm_timeout_s", "llm_max_retries", "llm_path",
-                    "eval_episodes", "eval_gif_steps", "greedy_eval_every", "chain_timesteps", "manager.timesteps")
+                    "eval_episodes", "eval_gif_steps", "greedy_eval_every", "chain_timesteps", "manager.timesteps",
+                    "manager.generalist_timesteps")
 
 
 def build_catalog(config: SkillsConfig):
@@ -128,6 +130,9 @@ def status_table(state: SchedulerState, report: dict | None = None) -> str:
         c = state.chain
         lines.append(f"chain fine-tuning towards {c['target']} ({', '.join(c['plan'])}): {c['status']}, "
                      f"{c['steps']:,} env steps")
+    if state.generalist:
+        lines.append(f"generalist (the manager with its skills closed): {state.generalist['status']}, "
+                     f"{state.generalist['steps']:,} env steps")
     if state.manager.get("status") == "skipped":
         lines.append(f"manager: skipped, {state.manager['reason']}")
     elif state.manager:

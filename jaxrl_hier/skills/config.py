@@ -32,6 +32,10 @@ class ManagerConfig:
     # The manager may also take each base action itself, a one-step option trained on the base reward:
     # it covers what no skill does (a failed eat_cow) besides choosing skills.
     primitives: bool = False
+    # With primitives: env steps of a generalist stage before the manager's, with every skill closed
+    # (flat PPO on the base reward in the manager's network); the manager then starts from it with
+    # the skills open (skills.manager). 0: the manager starts fresh. Counted in the run's env steps.
+    generalist_timesteps: int = 0
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -51,6 +55,12 @@ class ManagerConfig:
             raise ConfigError(f"'update_epochs' must be >= 0 (0: the ppo section's), got {self.update_epochs}.")
         if self.ent_coef < 0:
             raise ConfigError(f"'ent_coef' must be >= 0, got {self.ent_coef}.")
+        if self.generalist_timesteps < 0:
+            raise ConfigError(f"'generalist_timesteps' must be >= 0 (0: no generalist stage), got "
+                              f"{self.generalist_timesteps}.")
+        if self.generalist_timesteps and not self.primitives:
+            raise ConfigError("'generalist_timesteps' needs 'primitives: true': the generalist is the manager's own "
+                              "base actions.")
         if self.dispatch not in ("gather", "mask"):
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
 
@@ -246,7 +256,8 @@ class SkillsConfig:
 
     def manager_ppo_config(self):
         """The manager stage's PPOConfig (skills.manager): the skills' PPO settings, one seed, with the
-        manager section's rate, epochs and entropy bonus, for `manager.timesteps` env steps."""
+        manager section's rate, epochs and entropy bonus (the generalist stage's too: the rate is
+        constant, so the number of steps does not change the program)."""
         ppo, m = self.ppo_config(), self.manager
         return dataclasses.replace(ppo, num_seeds=1, lr=m.lr, update_epochs=m.update_epochs or ppo.update_epochs,
                                    ent_coef=m.ent_coef, total_timesteps=max(m.timesteps, ppo.num_envs * ppo.num_steps))

@@ -32,6 +32,13 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
   skill is missing or weak (no eat_cow expert, a pickaxe skill that fails), the manager can still
   take the achievement step by step; where a skill is good, one decision buys many steps.
   A choice c < K is skill c; a choice c >= K is base action c - K, encoded as c * A + (c - K).
+- With `generalist_timesteps` (and `primitives`) the manager first trains with every skill closed:
+  its own base actions alone, flat PPO on the base reward in the manager's own network, so the
+  generalist learns the survival and off-chain achievements from shared experience, as flat PPO
+  does, rather than each from a skill of its own. The manager stage then starts from those
+  parameters with the skills open: a residual generalist that calls a skill where one pays. The
+  network's inputs are the same in both stages (the initiation set of the open manager), so the
+  hand-over changes only which choices the logits may take.
 
 `ManagerTrainer` builds the PPO program; the scheduler runs it after chain fine-tuning, in chunks of
 `updates_per_round` updates, checkpointed like every stage, and saves the manager under
@@ -60,6 +67,7 @@ from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 MANAGER_DIR = "manager"
+GENERALIST_DIR = "generalist"  # the manager pre-trained with the skills closed (`generalist_timesteps`)
 MASKED = -1e9  # the logit of an option that may not start: finite, so entropies stay finite
 
 
@@ -128,11 +136,15 @@ def acting_rows(q: jax.Array, options: Options) -> jax.Array:
 
 class ManagerEnv(Environment):
     """The base env under options; an action is choice * A + base action (see the module docstring).
-    With `primitives` the choices are the K skills and then the A base actions, each a one-step option."""
+    With `primitives` the choices are the K skills and then the A base actions, each a one-step option.
+    `closed`: no skill may be chosen (the generalist stage); the observation's `choices`, which the
+    manager's network reads, still show what the open manager could choose."""
 
-    def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False):
+    def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False, closed: bool = False):
+        if closed and not primitives:
+            raise SkillError("a manager with its skills closed needs its base actions (primitives).")
         self.skill_env, self.base = skill_env, skill_env.base
-        self.num_actions, self.primitives = int(num_actions), bool(primitives)
+        self.num_actions, self.primitives, self.closed = int(num_actions), bool(primitives), bool(closed)
         self.name = f"Manager({self.base.name})"
         self.achievement_names = tuple(getattr(self.base, "achievement_names", ()))
 
@@ -146,7 +158,8 @@ class ManagerEnv(Environment):
             rows = jnp.concatenate([rows, jnp.zeros(self.num_actions, rows.dtype)])
         running = option >= 0  # only a skill runs past its first step
         mask = jnp.where(running, jnp.arange(free.shape[0]) == option, free)
-        return {"obs": base_obs, "action_mask": mask, "rows": rows, "running": running}
+        allowed = mask & (jnp.arange(free.shape[0]) >= params.options.plan_len.shape[0]) if self.closed else mask
+        return {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
 
     def reset(self, key: jax.Array, params: ManagerParams):
         base_obs, base_state = self.base.reset(key, params.base)
@@ -188,13 +201,15 @@ class OptionPolicy:
     `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics.
     Choices from `num_skills` on are the manager's own base actions (`primitives`)."""
 
-    def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable[[jax.Array], jax.Array],
+    def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable[[jax.Array], jax.Array] | None,
                  num_actions: int, num_skills: int, greedy_experts: bool = False):
         self.logits, self.rows, self.expert_logits = logits, rows, expert_logits
         self.num_actions, self.num_skills, self.greedy_experts = num_actions, num_skills, greedy_experts
         self.manager = distrax.Categorical(logits=logits)
 
     def _with_expert(self, option: jax.Array, key: jax.Array | None) -> jax.Array:
+        if self.expert_logits is None:  # skills closed: every choice is a base action
+            return (option * self.num_actions + option - self.num_skills).astype(jnp.int32)
         row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
         logits = self.expert_logits(row)
         base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
@@ -217,15 +232,17 @@ class OptionPolicy:
 
 
 class ManagerPolicy:
-    """Manager actor and critic MLPs over [observation, action mask, running]; the frozen expert bank
-    in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`."""
+    """Manager actor and critic MLPs over [observation, open choices, running]; the frozen expert bank
+    in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`. `closed`: the
+    skills are closed (`ManagerEnv`), so no expert ever runs."""
 
     def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
-                 num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False):
+                 num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False,
+                 closed: bool = False):
         # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
         self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
-        self.dispatch, self.greedy_experts = dispatch, greedy_experts
+        self.dispatch, self.greedy_experts, self.closed = dispatch, greedy_experts, closed
 
     def init(self, key: jax.Array, obs: dict) -> dict:
         din = int(np.prod(obs["obs"].shape[1:])) + self.num_choices + 1
@@ -239,11 +256,12 @@ class ManagerPolicy:
         act = ACTIVATIONS[self.activation]
         params, bank = variables["params"], variables["experts"]["actor"]
         x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
-        mask = obs["action_mask"]
-        features = jnp.concatenate([x, mask.astype(x.dtype), obs["running"][:, None].astype(x.dtype)], axis=-1)
-        logits = jnp.where(mask, mlp_apply(params["actor"], features, act), MASKED)
+        features = jnp.concatenate([x, obs["choices"].astype(x.dtype), obs["running"][:, None].astype(x.dtype)],
+                                   axis=-1)
+        logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
-        expert_logits = lambda rows: mix(bank, x, rows, act)  # noqa: E731  (run only when an action is sampled)
+        # run only when an action is sampled; never while the skills are closed
+        expert_logits = None if self.closed else lambda rows: mix(bank, x, rows, act)  # noqa: E731
         value = mlp_apply(params["critic"], features, act)[:, 0]
         return (OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.num_skills,
                              self.greedy_experts), value)
@@ -257,21 +275,31 @@ def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) 
 
 
 class ManagerTrainer(PPOStage):
-    """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees)."""
+    """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees).
+    `closed`: the generalist stage (skills closed); `start`: parameters to begin from (the generalist's,
+    `result(...)["manager"]`) instead of a fresh initialisation."""
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
-                 names: Sequence[str]):
-        self.names = list(names)
+                 names: Sequence[str], closed: bool = False, start: Any = None):
+        self.names, self.start = list(names), start
         self.bank_names = option_bank_names(library, self.names)
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = config.manager_ppo_config()
         num_actions = int(skill_env.base.action_space(base_params).n)
-        env = ManagerEnv(skill_env, num_actions, config.manager.primitives)
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed)
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
                                env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                               config.manager.dispatch, config.manager.greedy_experts)
+                               config.manager.dispatch, config.manager.greedy_experts, closed)
         super().__init__(config, ppo, env, params, policy)
+
+    def init(self, key: jax.Array) -> Any:
+        runner = super().init(key)
+        if self.start is None:
+            return runner
+        # the optimiser's state stays fresh: Adam's moments are zeros whatever the parameters
+        params = jax.tree.map(lambda x, like: jnp.asarray(x, like.dtype)[None], self.start, runner.train_state.params)
+        return runner.replace(train_state=runner.train_state.replace(params=params))
 
     def params_like(self) -> dict:
         """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""
@@ -285,17 +313,18 @@ class ManagerTrainer(PPOStage):
         return {"manager": jax.tree.map(lambda x: np.asarray(x[0]), runner.train_state.params)}
 
 
-def save_manager(run_dir: Path, params: dict, meta: dict) -> None:
-    """The trained manager under RUN/manager/expert (one Orbax checkpoint, finalised atomically)."""
+def save_manager(run_dir: Path, params: dict, meta: dict, dirname: str = MANAGER_DIR) -> None:
+    """The trained manager under RUN/manager/expert (the generalist: RUN/generalist/expert), one Orbax
+    checkpoint, finalised atomically."""
     from jaxrl_hier.skills.trainer import save_expert
 
-    save_expert(Path(run_dir) / MANAGER_DIR, params, meta)
+    save_expert(Path(run_dir) / dirname, params, meta)
 
 
-def load_manager(run_dir: Path, like: dict) -> dict:
+def load_manager(run_dir: Path, like: dict, dirname: str = MANAGER_DIR) -> dict:
     from jaxrl_hier.skills.trainer import load_expert
 
-    return load_expert(Path(run_dir) / MANAGER_DIR, like)
+    return load_expert(Path(run_dir) / dirname, like)
 
 
 @struct.dataclass
@@ -352,6 +381,6 @@ class ManagedAgent:
                               lambda obs, state, k: self.actions(managed, obs, k, greedy), key, max_steps)
 
 
-__all__ = ["MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy", "ManagerState",
+__all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy", "ManagerState",
            "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
            "manager_skills", "option_bank_names", "option_holds", "save_manager"]

@@ -43,6 +43,7 @@ from jaxrl_hier.skills.state import (RunLock, SchedulerState, SkillRecord, crash
 log = logging.getLogger("jaxrl_hier.skills")
 CHAIN_KEY = 0x636861  # folded into the run's seed for the chain's initial key ("cha")
 MANAGER_KEY = 0x6D616E  # the same for the manager's ("man")
+GENERALIST_KEY = 0x67656E  # and the generalist's ("gen")
 
 
 class Trainer(Protocol):
@@ -239,7 +240,9 @@ class Scheduler:
 
     def _manage(self) -> None:
         """Train the learned manager over the completed skills (config section `manager`,
-        `skills.manager`), after the chain: its experts are the chain's tuned ones where it has them."""
+        `skills.manager`), after the chain: its experts are the chain's tuned ones where it has them.
+        With `generalist_timesteps` the generalist stage (the skills closed) comes first, and the
+        manager starts from its parameters."""
         from jaxrl_hier.skills.chain import with_chain
         from jaxrl_hier.skills.manager import MANAGER_DIR, ManagerTrainer, manager_skills, save_manager
         from jaxrl_hier.skills.trainer import skill_env_and_policy
@@ -264,12 +267,39 @@ class Scheduler:
             self._save()
         experts = with_chain(self.dir, self.state.chain, self.experts)
         env, base_params, _ = skill_env_and_policy(c, self.catalog)
-        trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"])
+        start = self._generalist(env, base_params, library, experts, record)
+        if start is False:
+            return
+        trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"], start=start)
         self._run_stage("manager", record, trainer, c.manager.timesteps,
                         {"manager_skills": ",".join(record["skills"])},
                         lambda runner: save_manager(self.dir, trainer.result(runner),
                                                     {"skills": record["skills"], "steps": record["steps"]}),
                         MANAGER_DIR, MANAGER_KEY, f"over {len(record['skills'])} skills ({', '.join(record['skills'])})")
+
+    def _generalist(self, env: Any, base_params: Any, library: SkillLibrary, experts: dict, manager: dict) -> Any:
+        """The generalist stage (config `manager.generalist_timesteps`): the manager's network trained
+        with its skills closed. Its parameters, where the manager starts from (None: no generalist;
+        False: `max_wall_s` stopped it). Once the manager stage has begun the generalist is not extended."""
+        from jaxrl_hier.skills.manager import GENERALIST_DIR, ManagerTrainer, load_manager, save_manager
+
+        c, record = self.config, self.state.generalist
+        total = c.manager.generalist_timesteps
+        if not total and not record:
+            return None
+        trainer = ManagerTrainer(c, env, base_params, library, experts, manager["skills"], closed=True)
+        extend = manager["steps"] == 0 and record.get("steps", 0) < total
+        if not record:
+            record.update(status="running", steps=0, chunk=0)
+            self._save()
+        if extend or record["status"] != "done":
+            if not self._run_stage("generalist", record, trainer, max(total, record["steps"]), {"generalist": True},
+                                   lambda runner: save_manager(self.dir, trainer.result(runner),
+                                                               {"steps": record["steps"]}, GENERALIST_DIR),
+                                   GENERALIST_DIR, GENERALIST_KEY, f"(the manager's network, {len(manager['skills'])} "
+                                   "skills closed, base actions only)"):
+                return False
+        return load_manager(self.dir, trainer.params_like(), GENERALIST_DIR)["manager"]
 
     def _run_stage(self, name: str, record: dict, tuner: Any, total: int, meta: dict, save_result: Callable,
                    dirname: str, seed_key: int, what: str) -> bool:

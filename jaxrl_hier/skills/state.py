@@ -125,6 +125,9 @@ class SchedulerState:
     # The learned manager (skills.manager) after the chain: status "" | running | done, the skills it
     # chooses among, env steps and chunks done (the chunk whose checkpoint matches them).
     manager: dict = field(default_factory=dict)
+    # The manager's generalist stage (`manager.generalist_timesteps`), before the manager's own:
+    # status "" | running | done, env steps and chunks done.
+    generalist: dict = field(default_factory=dict)
     version: int = 1
 
     def record(self, name: str) -> SkillRecord:

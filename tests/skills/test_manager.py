@@ -18,10 +18,10 @@ from jaxrl_hier.skills.cli import main as skills_main
 from jaxrl_hier.skills.cli import status_table
 from jaxrl_hier.skills.composed import evaluate_run, read_report
 from jaxrl_hier.skills.library import techtree_library
-from jaxrl_hier.skills.manager import (MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams, ManagerTrainer,
+from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams, ManagerTrainer,
                                        build_options, load_manager, option_bank_names)
 from jaxrl_hier.skills.scheduler import Scheduler
-from jaxrl_hier.skills.spec import Condition, Skill, SkillLibrary
+from jaxrl_hier.skills.spec import Condition, Skill, SkillError, SkillLibrary
 from jaxrl_hier.skills.state import load_state
 from jaxrl_hier.skills.trainer import skill_env_and_policy
 
@@ -138,6 +138,42 @@ def test_a_primitive_choice_takes_its_base_action_for_one_step():
     assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held
 
 
+def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
+    """The generalist stage: with the skills closed no skill may be chosen and no expert runs, while
+    the network's inputs (`choices`) are what the open manager would see, so the manager stage that
+    starts from the generalist's parameters sees the same inputs."""
+    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table"]
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in option_bank_names(lib, names)}
+    closed = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, closed=True)
+    acts = skill_env.base.action_names
+    obs, _ = jax.jit(closed.env.reset)(jax.random.key(0), closed.params)
+    assert obs["action_mask"].tolist() == [False, False] + [True] * len(acts)
+    assert obs["choices"].tolist() == [True] * (2 + len(acts))
+    batch = jax.tree.map(lambda x: x[None].repeat(64, 0), obs)
+
+    @jax.jit
+    def sample(variables, key):
+        pi, _ = closed.policy.apply(variables, batch)
+        return pi.sample(seed=key)
+
+    variables = jax.jit(closed.policy.init)(jax.random.key(1), batch)
+    action = sample(variables, jax.random.key(2))
+    choice, base = action // len(acts), action % len(acts)
+    assert bool((choice >= 2).all()) and bool((base == choice - 2).all()) and len(set(base.tolist())) > 1
+    # the manager starts from the generalist's parameters (and a fresh optimiser)
+    start = jax.tree.map(lambda x: np.asarray(x) + 1.0, variables["params"])
+    opened = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, start=start)
+    runner = jax.jit(opened.init)(jax.random.key(3))
+    for a, b in zip(jax.tree.leaves(runner.train_state.params), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(np.asarray(a)[0], b)
+    with pytest.raises(SkillError, match="needs its base actions"):
+        ManagerEnv(skill_env, len(acts), primitives=False, closed=True)
+
+
 def test_forced_steps_carry_no_gradient_and_a_decision_gets_the_option_return_discounted_over_its_length():
     """Inside an option the mask holds one option: log-prob and entropy 0, no policy gradient.
     With GAE's lambda = 1 the decision's target is the option's rewards discounted step by step
@@ -152,7 +188,8 @@ def test_forced_steps_carry_no_gradient_and_a_decision_gets_the_option_return_di
     trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
     obs = jax.tree.map(lambda x: x[None], trainer.env.reset(jax.random.key(1), trainer.params)[0])
     variables = trainer.policy.init(jax.random.key(0), obs)
-    forced = {**obs, "action_mask": jnp.array([[False, True]]), "running": jnp.array([True])}
+    forced = {**obs, "action_mask": jnp.array([[False, True]]), "choices": jnp.array([[False, True]]),
+              "running": jnp.array([True])}
 
     def logp(params, o):
         pi, _ = trainer.policy.apply({**variables, "params": params}, o)
@@ -216,14 +253,14 @@ def run_managed(out, resume=False, **kw):
     return Scheduler(cfg, out, ExpertTrainer(cfg), RecordingPlanner(lib), lib).run(resume=resume), cfg
 
 
-def manager_params(out, cfg):
+def manager_params(out, cfg, dirname=MANAGER_DIR):
     lib = techtree_library()
     state = load_state(out)
     env, base_params, policy = skill_env_and_policy(cfg, lib)
     trainer = ExpertTrainer(cfg)
     experts = {r.name: trainer.load_expert(out / "skills" / r.dirname) for r in state.by_status("completed")}
     manager = ManagerTrainer(cfg, env, base_params, lib, experts, state.manager["skills"])
-    return load_manager(out, manager.params_like())
+    return load_manager(out, manager.params_like(), dirname)
 
 
 @pytest.fixture(scope="module")
@@ -275,10 +312,53 @@ def test_a_kill_in_the_manager_stage_then_resume_gives_the_uninterrupted_result(
         np.testing.assert_array_equal(a, b)  # the same numbers as the run that was never killed
 
 
+GENERALIST = {**STAGE["manager"], "primitives": True, "generalist_timesteps": 128}
+
+
+@pytest.fixture(scope="module")
+def generalist_reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generalist_reference")
+    state, cfg = run_managed(out, manager=GENERALIST)
+    return out, state, cfg
+
+
+def test_the_generalist_stage_runs_before_the_manager_which_starts_from_it(generalist_reference):
+    out, state, cfg = generalist_reference
+    assert state.generalist == {"status": "done", "steps": 128, "chunk": 2}
+    assert state.manager["status"] == "done" and state.manager["steps"] == 192
+    rows = read_jsonl(out / GENERALIST_DIR / "metrics.jsonl")
+    assert [r["env_steps"] for r in rows] == [64, 128]
+    # the generalist's parameters are saved apart from the manager's, and the manager moved on from them
+    generalist, manager = manager_params(out, cfg, GENERALIST_DIR), manager_params(out, cfg)
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(generalist), jax.tree.leaves(manager)))
+    assert "generalist (the manager with its skills closed): done, 128 env steps" in status_table(state)
+
+
+def test_a_kill_between_the_generalist_and_the_manager_then_resume_gives_the_uninterrupted_result(
+        tmp_path, monkeypatch, generalist_reference):
+    ref_out, ref_state, cfg = generalist_reference
+
+    def crash(at):
+        if at == "generalist.result_saved":
+            raise Crash(at)
+
+    monkeypatch.setattr(state_module, "crash_hook", crash)
+    with pytest.raises(Crash):
+        run_managed(tmp_path, manager=GENERALIST)
+    killed = load_state(tmp_path)
+    assert killed.generalist["status"] == "running" and killed.manager["steps"] == 0
+    monkeypatch.setattr(state_module, "crash_hook", lambda at: None)
+    state, _ = run_managed(tmp_path, resume=True, manager=GENERALIST)
+    assert state.generalist == ref_state.generalist and state.manager == ref_state.manager
+    for a, b in zip(jax.tree.leaves(manager_params(tmp_path, cfg)), jax.tree.leaves(manager_params(ref_out, cfg))):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("section, message", [
     ("manager: {timesteps: 100, skills: [collect_wood, make_wood_pikaxe]}",
      "manager.skills names 'make_wood_pikaxe', not in the skill library. Did you mean 'make_wood_pickaxe'?"),
     ("manager: {timesteps: 100, skills: []}", "'skills' is empty"),
+    ("manager: {timesteps: 100, generalist_timesteps: 100}", "'generalist_timesteps' needs 'primitives: true'"),
     ("skill_budgets: {collect_wod: 1000}", "skill_budgets names 'collect_wod'"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
