@@ -293,13 +293,13 @@ def stage_steps(state) -> int:
     return int(state.manager.get("steps", 0)) + int(state.generalist.get("steps", 0))
 
 
-def managed_figures(run_dir: Path, run_config: SkillsConfig, run, budget: int, key, episodes: int,
+def managed_figures(run_dir: Path, run_config: SkillsConfig, run, state, budget: int, key, episodes: int,
                     max_steps: int) -> dict:
     """The run's managed agent from the fresh worlds of `key`, greedy and sampled."""
     agent, managed = load_managed(run_dir, run_config, run)
     names, rewards = tuple(run.env.base.achievement_names), tuple(run.env.base.achievement_rewards)
     out = {"env_steps": budget, "manager_steps": int(run.manager["steps"]),
-           "generalist_steps": int(load_state(run_dir).generalist.get("steps", 0)), "skills": run.manager["skills"],
+           "generalist_steps": int(state.generalist.get("steps", 0)), "skills": run.manager["skills"],
            "manager_config": dataclasses.asdict(run_config.manager)}
     for j, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(managed, jax.random.fold_in(key, j), episodes, max_steps, mode == "greedy")
@@ -319,8 +319,8 @@ def variant_figures(run_dir: Path, catalog, include_running: bool, state, budget
             and other.chain.get("steps") == state.chain.get("steps") and stage_steps(other) == stage_steps(state) > 0)
     if not same:
         sys.exit(f"{run_dir}: not a copy of the skills run with a finished manager stage of the same length")
-    return managed_figures(run_dir, run_config, load_run(run_dir, run_config, catalog, include_running), budget, key,
-                           episodes, max_steps)
+    return managed_figures(run_dir, run_config, load_run(run_dir, run_config, catalog, include_running), other, budget,
+                           key, episodes, max_steps)
 
 
 def write_results(args, config: SkillsConfig, max_steps: int, runs: list, partial: bool = False) -> dict:
@@ -386,7 +386,7 @@ def main(argv=None) -> int:
                                 "achievements_per_episode": float(sum(skills["sampled"]["achievements"].values()))})
         entry = {"seed": seed, "skills": skills}
         if run.manager:
-            entry["manager"] = managed_figures(run_dir, run_config, run, budget, key, args.episodes, max_steps)
+            entry["manager"] = managed_figures(run_dir, run_config, run, state, budget, key, args.episodes, max_steps)
         if args.variant_runs:
             entry["variant"] = variant_figures(args.variant_runs[i], catalog, args.include_running, state, budget, key,
                                                args.episodes, max_steps)

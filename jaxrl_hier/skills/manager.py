@@ -208,12 +208,14 @@ class OptionPolicy:
         self.manager = distrax.Categorical(logits=logits)
 
     def _with_expert(self, option: jax.Array, key: jax.Array | None) -> jax.Array:
+        own = option - self.num_skills  # the base action of a primitive choice
         if self.expert_logits is None:  # skills closed: every choice is a base action
-            return (option * self.num_actions + option - self.num_skills).astype(jnp.int32)
-        row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
-        logits = self.expert_logits(row)
-        base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
-        base = jnp.where(option >= self.num_skills, option - self.num_skills, base)
+            base = own
+        else:
+            row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
+            logits = self.expert_logits(row)
+            base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
+            base = jnp.where(option >= self.num_skills, own, base)
         return (option * self.num_actions + base).astype(jnp.int32)
 
     def sample(self, seed: jax.Array) -> jax.Array:
@@ -381,6 +383,6 @@ class ManagedAgent:
                               lambda obs, state, k: self.actions(managed, obs, k, greedy), key, max_steps)
 
 
-__all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy", "ManagerState",
-           "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
+__all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
+           "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
            "manager_skills", "option_bank_names", "option_holds", "save_manager"]

@@ -244,7 +244,8 @@ class Scheduler:
         With `generalist_timesteps` the generalist stage (the skills closed) comes first, and the
         manager starts from its parameters."""
         from jaxrl_hier.skills.chain import with_chain
-        from jaxrl_hier.skills.manager import MANAGER_DIR, ManagerTrainer, manager_skills, save_manager
+        from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager,
+                                               manager_skills, save_manager)
         from jaxrl_hier.skills.trainer import skill_env_and_policy
 
         c, record = self.config, self.state.manager
@@ -267,39 +268,39 @@ class Scheduler:
             self._save()
         experts = with_chain(self.dir, self.state.chain, self.experts)
         env, base_params, _ = skill_env_and_policy(c, self.catalog)
-        start = self._generalist(env, base_params, library, experts, record)
-        if start is False:
+        if not self._generalist(env, base_params, library, experts, record):
             return
-        trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"], start=start)
+        trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"])
+        if self.state.generalist:  # the manager starts from the generalist's parameters
+            trainer.start = load_manager(self.dir, trainer.params_like(), GENERALIST_DIR)["manager"]
         self._run_stage("manager", record, trainer, c.manager.timesteps,
                         {"manager_skills": ",".join(record["skills"])},
                         lambda runner: save_manager(self.dir, trainer.result(runner),
                                                     {"skills": record["skills"], "steps": record["steps"]}),
                         MANAGER_DIR, MANAGER_KEY, f"over {len(record['skills'])} skills ({', '.join(record['skills'])})")
 
-    def _generalist(self, env: Any, base_params: Any, library: SkillLibrary, experts: dict, manager: dict) -> Any:
+    def _generalist(self, env: Any, base_params: Any, library: SkillLibrary, experts: dict,
+                    manager: dict) -> bool:
         """The generalist stage (config `manager.generalist_timesteps`): the manager's network trained
-        with its skills closed. Its parameters, where the manager starts from (None: no generalist;
-        False: `max_wall_s` stopped it). Once the manager stage has begun the generalist is not extended."""
-        from jaxrl_hier.skills.manager import GENERALIST_DIR, ManagerTrainer, load_manager, save_manager
+        with its skills closed, saved under RUN/generalist/ for the manager to start from. False when
+        `max_wall_s` stopped it. Once the manager stage has begun the generalist is not extended."""
+        from jaxrl_hier.skills.manager import GENERALIST_DIR, ManagerTrainer, save_manager
 
         c, record = self.config, self.state.generalist
         total = c.manager.generalist_timesteps
         if not total and not record:
-            return None
-        trainer = ManagerTrainer(c, env, base_params, library, experts, manager["skills"], closed=True)
-        extend = manager["steps"] == 0 and record.get("steps", 0) < total
+            return True
         if not record:
             record.update(status="running", steps=0, chunk=0)
             self._save()
-        if extend or record["status"] != "done":
-            if not self._run_stage("generalist", record, trainer, max(total, record["steps"]), {"generalist": True},
-                                   lambda runner: save_manager(self.dir, trainer.result(runner),
-                                                               {"steps": record["steps"]}, GENERALIST_DIR),
-                                   GENERALIST_DIR, GENERALIST_KEY, f"(the manager's network, {len(manager['skills'])} "
-                                   "skills closed, base actions only)"):
-                return False
-        return load_manager(self.dir, trainer.params_like(), GENERALIST_DIR)["manager"]
+        if record["status"] == "done" and (manager["steps"] or record["steps"] >= total):
+            return True
+        trainer = ManagerTrainer(c, env, base_params, library, experts, manager["skills"], closed=True)
+        return self._run_stage("generalist", record, trainer, max(total, record["steps"]), {"generalist": True},
+                               lambda runner: save_manager(self.dir, trainer.result(runner), {"steps": record["steps"]},
+                                                           GENERALIST_DIR),
+                               GENERALIST_DIR, GENERALIST_KEY,
+                               f"(the manager's network, {len(manager['skills'])} skills closed, base actions only)")
 
     def _run_stage(self, name: str, record: dict, tuner: Any, total: int, meta: dict, save_result: Callable,
                    dirname: str, seed_key: int, what: str) -> bool:

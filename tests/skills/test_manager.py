@@ -18,8 +18,8 @@ from jaxrl_hier.skills.cli import main as skills_main
 from jaxrl_hier.skills.cli import status_table
 from jaxrl_hier.skills.composed import evaluate_run, read_report
 from jaxrl_hier.skills.library import techtree_library
-from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams, ManagerTrainer,
-                                       build_options, load_manager, option_bank_names)
+from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams,
+                                       ManagerTrainer, build_options, load_manager, option_bank_names)
 from jaxrl_hier.skills.scheduler import Scheduler
 from jaxrl_hier.skills.spec import Condition, Skill, SkillError, SkillLibrary
 from jaxrl_hier.skills.state import load_state
