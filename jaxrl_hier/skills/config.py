@@ -36,6 +36,9 @@ class ManagerConfig:
     # (flat PPO on the base reward in the manager's network); the manager then starts from it with
     # the skills open (skills.manager). 0: the manager starts fresh. Counted in the run's env steps.
     generalist_timesteps: int = 0
+    # The manager stage's rate falls linearly to 0 over its `timesteps`, as flat PPO's does over its
+    # run; the generalist's stays constant (the manager continues from it). False: constant throughout.
+    anneal_lr: bool = False
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -254,13 +257,14 @@ class SkillsConfig:
                                    update_epochs=self.chain_update_epochs or ppo.update_epochs,
                                    total_timesteps=max(self.chain_timesteps, ppo.num_envs * ppo.num_steps))
 
-    def manager_ppo_config(self):
+    def manager_ppo_config(self, closed: bool = False):
         """The manager stage's PPOConfig (skills.manager): the skills' PPO settings, one seed, with the
-        manager section's rate, epochs and entropy bonus (the generalist stage's too: the rate is
-        constant, so the number of steps does not change the program)."""
+        manager section's rate, epochs and entropy bonus. `closed`: the generalist stage's, whose rate
+        is constant, so the number of its steps does not change its program."""
         ppo, m = self.ppo_config(), self.manager
         return dataclasses.replace(ppo, num_seeds=1, lr=m.lr, update_epochs=m.update_epochs or ppo.update_epochs,
-                                   ent_coef=m.ent_coef, total_timesteps=max(m.timesteps, ppo.num_envs * ppo.num_steps))
+                                   ent_coef=m.ent_coef, anneal_lr=m.anneal_lr and not closed,
+                                   total_timesteps=max(m.timesteps, ppo.num_envs * ppo.num_steps))
 
     @property
     def steps_per_update(self) -> int:

@@ -286,7 +286,7 @@ class ManagerTrainer(PPOStage):
         self.names, self.start = list(names), start
         self.bank_names = option_bank_names(library, self.names)
         options = build_options(skill_env, library, self.names, self.bank_names)
-        ppo = config.manager_ppo_config()
+        ppo = config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
         env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed)
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))

@@ -312,7 +312,15 @@ def test_a_kill_in_the_manager_stage_then_resume_gives_the_uninterrupted_result(
         np.testing.assert_array_equal(a, b)  # the same numbers as the run that was never killed
 
 
-GENERALIST = {**STAGE["manager"], "primitives": True, "generalist_timesteps": 128}
+GENERALIST = {**STAGE["manager"], "primitives": True, "generalist_timesteps": 128, "anneal_lr": True}
+
+
+def test_an_annealed_manager_anneals_over_its_own_steps_and_the_generalist_keeps_a_constant_rate():
+    cfg = config(**{**STAGE, "manager": GENERALIST})
+    manager, generalist = cfg.manager_ppo_config(), cfg.manager_ppo_config(closed=True)
+    assert manager.anneal_lr and manager.total_timesteps == 192 and manager.lr == generalist.lr
+    assert not generalist.anneal_lr
+    assert not config(**STAGE).manager_ppo_config().anneal_lr  # constant unless asked
 
 
 @pytest.fixture(scope="module")
