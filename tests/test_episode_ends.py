@@ -20,7 +20,8 @@ def test_shares_and_first_steps_per_probe():
     held[0, 1], first[0, 1] = True, 180  # drink ran out in episode 0, at step 180
     held[1, 0], first[1, 0] = True, 240  # food in episode 1
     held[:, 6], first[:, 6] = True, [150, 250, 100, 60]  # health fell to 3 in every episode
-    stats = EpisodeStats(np.zeros((4, 22), bool), np.zeros(4), np.array([200, 260, 110, 70]), held, first)
+    stats = EpisodeStats(np.zeros((4, 22), bool), np.zeros(4), np.array([200, 260, 110, 70]), held, first,
+                         np.zeros((4, 1), np.int32))
     out = episode_ends.summarise(stats, names)
     assert out["mean_length"] == 160.0
     assert out["no_need_at_0"] == 0.5  # episodes 2 and 3 ended with every need above 0: damage

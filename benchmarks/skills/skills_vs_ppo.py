@@ -172,7 +172,8 @@ def make_ppo_eval(trainer, episodes: int, max_steps: int):
     def play(params, extra, key, greedy):
         def act(obs, state, k):
             pi, _ = trainer.apply(params, extra, obs)
-            return jax.numpy.argmax(pi.logits, -1) if greedy else pi.sample(seed=k)
+            action = jax.numpy.argmax(pi.logits, -1) if greedy else pi.sample(seed=k)
+            return action, jax.numpy.zeros_like(action)  # one label: the flat policy
 
         return play_episodes(trainer.env, trainer.env_params, act, lambda s: jax.numpy.zeros((episodes, 0), bool),
                              key, episodes, max_steps)
@@ -303,7 +304,7 @@ def managed_figures(run_dir: Path, run_config: SkillsConfig, run, state, budget:
            "manager_config": dataclasses.asdict(run_config.manager)}
     for j, mode in enumerate(("greedy", "sampled")):
         stats = agent.evaluate(managed, jax.random.fold_in(key, j), episodes, max_steps, mode == "greedy")
-        out[mode] = summarize(stats, names, rewards, list(run.experts))
+        out[mode] = summarize(stats, names, rewards, list(run.experts), agent.labels)
     out["curve"] = [{"env_steps": budget, "achievements_per_episode":
                      float(sum(out["sampled"]["achievements"].values()))}]
     return out
@@ -378,7 +379,7 @@ def main(argv=None) -> int:
                   "skills_total": len(state.skills)}
         for j, mode in enumerate(("greedy", "sampled")):
             stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
-            skills[mode] = summarize(stats, names, rewards, list(run.experts))
+            skills[mode] = summarize(stats, names, rewards, list(run.experts), plan)
         skills["curve"] = [] if args.no_curve else skills_curve(run_dir, own, state, key, args.episodes, max_steps)
         # the composed agent at the skills' and chain's budget (failed attempts after the last completion
         # included); the managed agent, trained after them, at the whole budget

@@ -72,10 +72,10 @@ class ComposedAgent:
 
     def _play(self, comp: Composition, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
         def act(obs, state, k):
-            return self.actions(comp, obs, state, k, greedy)[0]
+            return self.actions(comp, obs, state, k, greedy)
 
         return play_episodes(self.base, self.base_params, act, lambda state: self.held(comp, state), key, episodes,
-                             max_steps)
+                             max_steps, comp.needs.shape[1])
 
     def evaluate(self, comp: Composition, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
         return jax.tree.map(np.asarray, self._evaluate(comp, key, episodes, max_steps, greedy))
@@ -89,9 +89,10 @@ class ComposedAgent:
 
 # ---------------------------------------------------------------------------- figures
 def summarize(stats: EpisodeStats, achievement_names: Sequence[str], achievement_rewards: Sequence[float],
-              watched: Sequence[str]) -> dict:
+              watched: Sequence[str], labels: Sequence[str] = ()) -> dict:
     """Craftax's measures: per achievement the share of episodes that unlock it, the mean return,
-    the score as % of the maximum return, and Crafter's geometric-mean score over the rates."""
+    the score as % of the maximum return, and Crafter's geometric-mean score over the rates. With
+    `labels` (what `stats.acting` counts), the share of all steps each label acted, largest first."""
     rates = stats.achievements.mean(axis=0)
     max_return = float(np.sum(achievement_rewards))
     mean_return = float(stats.episode_return.mean())
@@ -110,7 +111,14 @@ def summarize(stats: EpisodeStats, achievement_names: Sequence[str], achievement
         "score_percent_of_max": 100.0 * mean_return / max_return if max_return else None,
         "crafter_score": float(np.exp(np.mean(np.log(1.0 + percent))) - 1.0),
         "mean_length": float(stats.length.mean()),
+        "acting": _shares(stats.acting.sum(axis=0), labels) if len(labels) else None,
     }
+
+
+def _shares(steps: np.ndarray, labels: Sequence[str]) -> dict:
+    """label -> its share of the steps, for the labels that acted, largest first."""
+    total = max(int(steps.sum()), 1)
+    return {labels[i]: float(steps[i]) / total for i in np.argsort(-steps, kind="stable") if steps[i]}
 
 
 def plot_achievements(report: dict, path: Path, title: str) -> None:
@@ -161,7 +169,7 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
                               if manager else None}
     for mode, mode_key in mode_keys(key):
         stats = agent.evaluate(comp, mode_key, episodes, max_steps, mode == "greedy")
-        report[mode] = summarize(stats, achievement_names, achievement_rewards, watched)
+        report[mode] = summarize(stats, achievement_names, achievement_rewards, watched, labels or plan)
     title = "managed agent" if manager else f"composed agent towards {plan[-1]}"
     plot_achievements(report, out / "achievements.png", f"{title}, {episodes} fresh worlds")
     try:
@@ -312,6 +320,8 @@ def report_lines(report: dict) -> list[str]:
         chain = ", ".join(f"{s} {r['skills'][s]:.2f}" for s in report["plan"])
         lines.append(f"  {mode}: return {r['mean_return']:.2f} (score {score} of max, length {r['mean_length']:.0f}); "
                      f"{chain}")
+        if r.get("acting"):  # reports written before the shares were counted have none
+            lines.append("    acting (share of steps): " + ", ".join(f"{k} {v:.0%}" for k, v in r["acting"].items()))
     return lines
 
 

@@ -35,6 +35,8 @@ class EpisodeStats(struct.PyTreeNode):
     length: jax.Array  # int32[N]
     held: jax.Array  # bool[N, W]: each watched skill's conditions held at some step
     first: jax.Array  # int32[N, W]: the step at which they first held (-1: never)
+    acting: jax.Array  # int32[N, L]: the steps each of the agent's labels acted (the composed agent's
+    # plan positions; the manager's option and expert, or its own base action)
 
 
 def choose_target(library: SkillLibrary, completed: Sequence[str], target: str) -> str:
@@ -88,15 +90,18 @@ def mode_keys(key: jax.Array) -> list[tuple[str, jax.Array]]:
     return [(mode, jax.random.fold_in(key, i)) for i, mode in enumerate(("greedy", "sampled"))]
 
 
-def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int) -> EpisodeStats:
-    """`episodes` fresh worlds of `base` played by `act(obs [N, ...], state, key) -> actions [N]`,
-    each for one whole episode (at most `max_steps` steps; the loop stops once every episode has
-    ended). `watch(state) -> bool[N, W]` is tracked as "held at some step". Traceable (jit it)."""
+def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int,
+                  num_labels: int = 1) -> EpisodeStats:
+    """`episodes` fresh worlds of `base` played by `act(obs [N, ...], state, key) -> (actions [N],
+    labels [N])`, each for one whole episode (at most `max_steps` steps; the loop stops once every
+    episode has ended). `watch(state) -> bool[N, W]` is tracked as "held at some step", and each
+    label in [0, num_labels) (what acted: a plan position, an option) counted per step. Traceable
+    (jit it)."""
     k_reset, key = jax.random.split(key)
     obs, state = jax.vmap(base.reset, in_axes=(0, None))(jax.random.split(k_reset, episodes), base_params)
     held = watch(state)
     stats = EpisodeStats(jax.vmap(base.achievements)(state), jnp.zeros(episodes), jnp.zeros(episodes, jnp.int32),
-                         held, jnp.where(held, 0, -1))
+                         held, jnp.where(held, 0, -1), jnp.zeros((episodes, num_labels), jnp.int32))
 
     def cond(carry):
         t, _, _, alive, _, _ = carry
@@ -105,7 +110,7 @@ def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: 
     def body(carry):
         t, obs, state, alive, stats, key = carry
         key, k_act, k_step = jax.random.split(key, 3)
-        action = act(obs, state, k_act)
+        action, label = act(obs, state, k_act)
         obs, state, reward, terminated, truncated, _ = jax.vmap(base.step, in_axes=(0, 0, 0, None))(
             jax.random.split(k_step, episodes), state, action, base_params)
         # Only the first episode counts: a finished env keeps stepping, masked out.
@@ -113,7 +118,8 @@ def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: 
         stats = EpisodeStats(jnp.where(alive[:, None], jax.vmap(base.achievements)(state), stats.achievements),
                              stats.episode_return + jnp.where(alive, reward, 0.0),
                              stats.length + alive.astype(jnp.int32), held,
-                             jnp.where(held & ~stats.held, t + 1, stats.first))
+                             jnp.where(held & ~stats.held, t + 1, stats.first),
+                             stats.acting + (alive[:, None] & (label[:, None] == jnp.arange(num_labels))))
         return t + 1, obs, state, alive & ~(terminated | truncated), stats, key
 
     carry = (jnp.int32(0), obs, state, jnp.ones(episodes, bool), stats, key)

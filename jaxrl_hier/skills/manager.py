@@ -369,10 +369,10 @@ class ManagedAgent:
 
     def _play(self, managed: Managed, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
         def act(obs, state, k):
-            return self.actions(managed, obs, k, greedy)[0]
+            return self.actions(managed, obs, k, greedy)
 
         return play_episodes(self.env, managed.params, act, lambda state: self.held(managed, state), key, episodes,
-                             max_steps)
+                             max_steps, len(self.labels))
 
     def evaluate(self, managed: Managed, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
         return jax.tree.map(np.asarray, self._evaluate(managed, key, episodes, max_steps, greedy))

@@ -108,9 +108,12 @@ def test_each_expert_acts_until_its_condition_holds_then_hands_over(setup):
     stats = agent.evaluate(comp, jax.random.key(1), 5, 12, greedy=True)
     assert stats.achievements.all() and (stats.length == 12).all()
     np.testing.assert_allclose(stats.episode_return, 4.0)
-    report = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts))
+    assert stats.acting.tolist() == [[1, 1, 1, 9]] * 5  # the steps each plan position acted
+    report = summarize(stats, base.achievement_names, base.achievement_rewards, list(experts), plan)
     assert report["achievements"] == {n: 1.0 for n in base.achievement_names}
     assert report["score_percent_of_max"] == pytest.approx(100.0) and report["skills"]["rung_2"] == 1.0
+    assert report["acting"] == pytest.approx({"rung_2": 0.75, "token": 1 / 12, "rung_0": 1 / 12, "rung_1": 1 / 12})
+    assert list(report["acting"])[0] == "rung_2"  # largest share first
 
 
 def test_a_condition_that_stops_holding_takes_control_back(setup):

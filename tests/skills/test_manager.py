@@ -16,7 +16,7 @@ from jaxrl_hier.logging.metrics import read_jsonl
 from jaxrl_hier.skills import state as state_module
 from jaxrl_hier.skills.cli import main as skills_main
 from jaxrl_hier.skills.cli import status_table
-from jaxrl_hier.skills.composed import evaluate_run, read_report
+from jaxrl_hier.skills.composed import evaluate_run, read_report, summarize
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams,
                                        ManagerTrainer, build_options, load_manager, option_bank_names)
@@ -244,6 +244,13 @@ def test_a_tiny_manager_learns_to_prefer_the_rewarding_skill():
     managed = agent.managed(trainer, trainer.result(runner)["manager"], skill_env.conditions([lib["collect_wood"]]))
     stats = agent.evaluate(managed, jax.random.key(1), 16, 60, False)
     assert stats.held[:, 0].mean() >= 0.75
+    # every played step is counted once, under the option whose expert acted: each option routes to
+    # its own expert here (no dependencies), and the manager has no base actions of its own
+    np.testing.assert_array_equal(stats.acting.sum(axis=1), stats.length)
+    acting = summarize(stats, skill_env.base.achievement_names, skill_env.base.achievement_rewards, [],
+                       agent.labels)["acting"]
+    assert set(acting) <= {"collect_wood (collect_wood)", "hold_stone (hold_stone)"}
+    assert acting["collect_wood (collect_wood)"] > 0
 
 
 # ---------------------------------------------------------------------------- the stage in a run
@@ -282,6 +289,7 @@ def test_the_manager_stage_runs_after_the_skills_and_eval_plays_it(reference):
     assert report["manager"] == {"skills": state.manager["skills"], "steps": 192, "primitives": False}
     assert report["target"] is None
     assert read_report(out)["manager"]["steps"] == 192 and (out / "eval" / "episode.gif").is_file()
+    assert sum(report["sampled"]["acting"].values()) == pytest.approx(1.0)
     composed = evaluate_run(out, cfg, techtree_library(), episodes=2, max_steps=5, gif_steps=0, use_manager=False)
     assert composed["manager"] is None and (out / "eval_composed" / "achievements.json").is_file()
     assert "manager over 3 skills" in status_table(state, report)
