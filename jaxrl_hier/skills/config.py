@@ -39,6 +39,11 @@ class ManagerConfig:
     # The manager stage's rate falls linearly to 0 over its `timesteps`, as flat PPO's does over its
     # run; the generalist's stays constant (the manager continues from it). False: constant throughout.
     anneal_lr: bool = False
+    # With a generalist: the skills' share of the manager's first choices. Their logits were masked
+    # through the generalist stage, so they start beside its sharpened base actions and are seldom
+    # sampled; a prior p sets the skills' output bias so that they take about p of the probability
+    # in the states the manager stage starts from. 0: as initialised (logits near 0).
+    skill_prior: float = 0.0
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -64,6 +69,12 @@ class ManagerConfig:
         if self.generalist_timesteps and not self.primitives:
             raise ConfigError("'generalist_timesteps' needs 'primitives: true': the generalist is the manager's own "
                               "base actions.")
+        if not 0.0 <= self.skill_prior < 1.0:
+            raise ConfigError(f"'skill_prior' must be in [0, 1) (the skills' share of the first choices), got "
+                              f"{self.skill_prior}.")
+        if self.skill_prior and not self.generalist_timesteps:
+            raise ConfigError("'skill_prior' needs 'generalist_timesteps': it sets where the skills start beside a "
+                              "trained generalist.")
         if self.dispatch not in ("gather", "mask"):
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
 

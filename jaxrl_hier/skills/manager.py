@@ -269,6 +269,24 @@ class ManagerPolicy:
                              self.greedy_experts), value)
 
 
+def with_skill_prior(policy: ManagerPolicy, params: dict, extra: dict, obs: dict, prior: float) -> dict:
+    """`params` (leading seed axis of 1) with the skills' output bias set so that, in the states `obs`
+    (the runner's first observations), the skills take about `prior` of the choice probability in all.
+    The bias b is one number for every skill: log sum_a exp(base logit a), averaged over the states,
+    plus log(prior / ((1 - prior) K)), so a state at that average gives each skill exp(b) against the
+    base actions' total. The skills' kernel columns are untouched: masked all through the generalist
+    stage, they are still at their initialisation's small scale."""
+    K = policy.num_skills
+    batch = jax.tree.map(lambda x: x[0].reshape(-1, *x.shape[3:]), obs)
+    one = jax.tree.map(lambda x: x[0], params)
+    logits = policy.apply({"params": one, **jax.tree.map(lambda x: x[0], extra)}, batch)[0].logits
+    base = jax.nn.logsumexp(logits[:, K:], axis=-1).mean()
+    bias = base + jnp.log(prior / ((1.0 - prior) * K))
+    actor = list(params["actor"])
+    actor[-1] = {**actor[-1], "bias": actor[-1]["bias"].at[:, :K].set(bias)}
+    return {**params, "actor": actor}
+
+
 def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) -> list[str]:
     """The options of a run: `wanted` ("all": every skill with an expert, in library order) among the
     skills that have an expert for themselves and their whole closure."""
@@ -301,6 +319,9 @@ class ManagerTrainer(PPOStage):
             return runner
         # the optimiser's state stays fresh: Adam's moments are zeros whatever the parameters
         params = jax.tree.map(lambda x, like: jnp.asarray(x, like.dtype)[None], self.start, runner.train_state.params)
+        prior = self.config.manager.skill_prior
+        if prior and not self.env.closed:
+            params = with_skill_prior(self.policy, params, runner.extra_variables, runner.obs, prior)
         return runner.replace(train_state=runner.train_state.replace(params=params))
 
     def params_like(self) -> dict:
@@ -385,4 +406,4 @@ class ManagedAgent:
 
 __all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
            "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
-           "manager_skills", "option_bank_names", "option_holds", "save_manager"]
+           "manager_skills", "option_bank_names", "option_holds", "save_manager", "with_skill_prior"]

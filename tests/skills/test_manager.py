@@ -172,6 +172,29 @@ def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
         np.testing.assert_array_equal(np.asarray(a)[0], b)
     with pytest.raises(SkillError, match="needs its base actions"):
         ManagerEnv(skill_env, len(acts), primitives=False, closed=True)
+    # a generalist sure of one base action leaves the untrained skills almost no probability; a
+    # skill prior of 0.3 gives them about that share of the first choices, and changes nothing else
+    sure = jax.tree.map(np.asarray, variables["params"])
+    sure["actor"][-1]["bias"] = np.where(np.arange(2 + len(acts)) == 2, 8.0, 0.0).astype(np.float32)
+    shares = {}
+    for prior in (0.0, 0.3):
+        cfg_p = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True, "generalist_timesteps": 64,
+                                                "skill_prior": prior}})
+        trainer = ManagerTrainer(cfg_p, skill_env, base_params, lib, experts, names, start=sure)
+        runner = jax.jit(trainer.init)(jax.random.key(3))
+        params = jax.tree.map(lambda x: x[0], runner.train_state.params)
+        first = jax.tree.map(lambda x: x[0, 0], runner.obs)
+        probs = jax.nn.softmax(trainer.policy.apply({"params": params, **variables_of(runner)}, first)[0].logits)
+        shares[prior] = float(probs[:, :2].sum(-1).mean())
+        kept = [np.array_equal(np.asarray(a)[0], b) for a, b in zip(jax.tree.leaves(runner.train_state.params),
+                                                                     jax.tree.leaves(sure))]
+        assert sum(kept) == len(kept) - (prior > 0)  # the prior touches the actor's last bias alone
+    assert shares[0.0] < 0.01 and shares[0.3] == pytest.approx(0.3, abs=0.02)
+
+
+def variables_of(runner) -> dict:
+    """The frozen collections (the expert bank) of a one-seed runner."""
+    return jax.tree.map(lambda x: x[0], runner.extra_variables)
 
 
 def test_forced_steps_carry_no_gradient_and_a_decision_gets_the_option_return_discounted_over_its_length():
@@ -375,6 +398,7 @@ def test_a_kill_between_the_generalist_and_the_manager_then_resume_gives_the_uni
      "manager.skills names 'make_wood_pikaxe', not in the skill library. Did you mean 'make_wood_pickaxe'?"),
     ("manager: {timesteps: 100, skills: []}", "'skills' is empty"),
     ("manager: {timesteps: 100, generalist_timesteps: 100}", "'generalist_timesteps' needs 'primitives: true'"),
+    ("manager: {timesteps: 100, primitives: true, skill_prior: 0.2}", "'skill_prior' needs 'generalist_timesteps'"),
     ("skill_budgets: {collect_wod: 1000}", "skill_budgets names 'collect_wod'"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
