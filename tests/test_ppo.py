@@ -1,6 +1,7 @@
 """PPO: learning, determinism, seeds, 1-vs-4-device equivalence, the loss against hand-computed
 numbers, the truncation bootstrap inside the trainer, action masks, and minibatch constraints."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -258,6 +259,22 @@ def test_action_mask_flows_through_rollout_and_training():
     # Unmasked, 72 uniform draws would pick a masked action about 24 times.
     np.testing.assert_array_equal(metrics["episode_return"][:, 0], [0, 0, 0])
     assert np.isfinite(np.asarray(metrics["loss"])).all() and np.isfinite(np.asarray(metrics["entropy"])).all()
+
+
+def test_anneal_start_holds_the_rate_then_decays_to_zero_at_the_last_update():
+    # 10 updates of 2 epochs x 2 minibatches: 40 optimizer steps, the decay from update 7 (step 28)
+    config = PPOConfig(env="gymnax:CartPole-v1", num_envs=4, num_steps=8, update_epochs=2, num_minibatches=2,
+                       total_timesteps=320, lr=1e-3, anneal_start=0.75)
+    lr = make_train(config).learning_rate()
+    assert [float(lr(s)) for s in (0, 27, 28)] == pytest.approx([1e-3, 1e-3, 1e-3])
+    assert float(lr(34)) == pytest.approx(1e-3 * 6 / 12) and float(lr(40)) == 0.0
+    plain = make_train(dataclasses.replace(config, anneal_start=0.0)).learning_rate()
+    assert float(plain(20)) == pytest.approx(5e-4) and float(plain(40)) == 0.0
+    assert make_train(dataclasses.replace(config, anneal_lr=False, anneal_start=0.0)).learning_rate() == 1e-3
+    with pytest.raises(ConfigError, match=r"'anneal_start' \(0.5\) needs 'anneal_lr: true'"):
+        dataclasses.replace(config, anneal_lr=False, anneal_start=0.5).validate()
+    with pytest.raises(ConfigError, match=r"'anneal_start' must lie in \[0, 1\)"):
+        dataclasses.replace(config, anneal_start=1.0).validate()
 
 
 # ---------------------------------------------------------------------------- minibatch constraints

@@ -85,3 +85,6 @@ def test_skills_vs_ppo_table_puts_a_manager_variant_beside_the_others():
     assert header.index("skills + manager (greedy)") < header.index("manager + base actions (greedy)") < header.index(
         "flat PPO (greedy)")
     assert "| score (% of max) | 10.0 | 10.0 | 20.0 | 20.0 | 30.0 | 30.0 | 25.0 | 25.0 |" in text
+    # a flat-PPO-only control (--ppo-budget): one agent, no skills rows
+    alone = skills_vs_ppo.table({**results, "runs": [{"seed": 0, "ppo": run["ppo"]}]}, ["collect_wood"])
+    assert "| score (% of max) | 25.0 | 25.0 |" in alone and "skills run" not in alone and "composed" not in alone

@@ -13,6 +13,10 @@ For each seed:
    with `--variant-runs` the managed agent of a copy of the run whose manager stage ran with other
    settings (say `manager.primitives: true` in the copy's config.yaml before its manager stage).
 
+`--ppo-budget N` runs flat PPO alone for N env steps (a control set against a skills run of N steps,
+say flat PPO with `--ppo-config` holding another learning-rate schedule), and `--validation-worlds-seed`
+plays its final policy from a second set of worlds too, to choose such settings on.
+
 The curve of achievements against env steps: flat PPO evaluated the same way after every chunk of
 `--ppo-chunks`; the skills at each skill's completion (the composed agent of the skills completed
 by then, at the env steps all skills had taken by that round: the skills' own experts), then the
@@ -72,6 +76,11 @@ def parse_args(argv=None):
     p.add_argument("--episodes", type=int, default=128, help="fresh-world episodes per agent, mode and seed")
     p.add_argument("--worlds-seed", type=int, default=1000, help="the fresh worlds of seed S come from key "
                    "WORLDS_SEED + S (keep them apart from the worlds a setting was chosen on: `skills eval --seed`)")
+    p.add_argument("--ppo-budget", type=int, default=None, metavar="N",
+                   help="flat PPO alone for N env steps (no skills run): a control for a skills run of N steps")
+    p.add_argument("--validation-worlds-seed", type=int, default=None, metavar="V",
+                   help="flat PPO's final policy also played from the worlds of key V + S (validation worlds)")
+    p.add_argument("--validation-episodes", type=int, default=64, help="episodes per mode on the validation worlds")
     p.add_argument("--ppo-chunks", type=int, default=8, help="evaluations along flat PPO's run")
     p.add_argument("--no-curve", action="store_true",
                    help="skip the curve (the composed agent at each completion, PPO after each chunk): only the "
@@ -216,6 +225,11 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     for mode, mode_key in mode_keys(key):
         stats = evaluate(runner, mode_key, mode == "greedy")
         out[mode] = summarize(stats, names, rewards, [])
+    if args.validation_worlds_seed is not None:
+        evaluate = make_ppo_eval(trainer, args.validation_episodes, max_steps)
+        out["validation"] = {"worlds_seed": args.validation_worlds_seed + seed, "episodes": args.validation_episodes}
+        for mode, mode_key in mode_keys(jax.random.key(args.validation_worlds_seed + seed)):
+            out["validation"][mode] = summarize(evaluate(runner, mode_key, mode == "greedy"), names, rewards, [])
     return out
 
 
@@ -243,20 +257,20 @@ def table(results: dict, names) -> str:
                                                 for m in ("greedy", "sampled")) + " |")
     lines.append("| score (% of max) | " + " | ".join(cell(a, m, "score_percent_of_max") for a in agents
                                                      for m in ("greedy", "sampled")) + " |")
-    steps = [r["skills"]["env_steps"] for r in results["runs"]]
     def rate(agent, field):
         return fmt_mean_se(*mean_se([r[agent].get(field) for r in results["runs"]]), pct=False)
 
     lines += ["", "| | env steps | wall time (s) | env steps/s, compiles included | env steps/s, steady |",
               "|---|---:|---:|---:|---:|",
-              f"| skills run | {np.mean(steps):,.0f} | {rate('skills', 'wall_s')} | {rate('skills', 'steps_per_s')} "
-              f"| {rate('skills', 'median_round_steps_per_s')} (median round) |",
+              *([f"| skills run | {np.mean([r['skills']['env_steps'] for r in results['runs']]):,.0f} "
+                 f"| {rate('skills', 'wall_s')} | {rate('skills', 'steps_per_s')} "
+                 f"| {rate('skills', 'median_round_steps_per_s')} (median round) |"] if "skills" in agents else []),
               *([f"| the same run with its manager stage | {np.mean([r['manager']['env_steps'] for r in results['runs']]):,.0f} "
                  f"| (in the run's wall time) | | |"] if "manager" in agents else []),
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
               f"{rate('ppo', 'wall_s')} (training only) | {rate('ppo', 'steps_per_s')} "
               f"| {rate('ppo', 'steady_steps_per_s')} (after the first chunk) |"]
-    for r in results["runs"]:
+    for r in (r for r in results["runs"] if "skills" in r):
         s = r["skills"]
         lines.append(f"\nseed {r['seed']}: composed agent towards {s['target']}; completed: {', '.join(s['completed'])}"
                      + (f"; still training (latest checkpoint): {', '.join(s['running'])}" if s.get("running") else ""))
@@ -352,9 +366,16 @@ def main(argv=None) -> int:
         sys.exit("give one --skills-runs directory per seed")
     if args.variant_runs and len(args.variant_runs) != len(args.seeds):
         sys.exit("give one --variant-runs directory per seed")
+    if args.ppo_budget and (args.skills_runs or args.variant_runs):
+        sys.exit("--ppo-budget runs flat PPO alone: give it without --skills-runs and --variant-runs")
     runs = []
     for i, seed in enumerate(args.seeds):
         key = jax.random.key(args.worlds_seed + seed)  # the same fresh worlds for both agents
+        if args.ppo_budget:
+            runs.append({"seed": seed, "ppo": run_ppo(args, config, args.ppo_budget, seed, key, max_steps, names,
+                                                      rewards)})
+            write_results(args, config, max_steps, runs, partial=seed != args.seeds[-1])
+            continue
         if args.skills_runs:
             run_dir, wall = args.skills_runs[i], args.skills_wall_s[i] if args.skills_wall_s else None
         else:

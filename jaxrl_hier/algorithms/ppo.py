@@ -176,11 +176,19 @@ class PPO:
         return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode,
                             reset_ratio=c.reset_ratio, sync_axes=sync_axes, share_axes=share_axes)
 
+    def learning_rate(self) -> float | optax.Schedule:
+        """The rate, or its schedule over optimizer steps: constant for the first `anneal_start` of
+        the updates, then linear to 0 at the last one."""
+        c = self.config
+        if not c.anneal_lr:
+            return c.lr
+        per_update = c.update_epochs * c.num_minibatches
+        begin = int(c.anneal_start * self.num_updates) * per_update  # on an update's first step
+        return optax.linear_schedule(c.lr, 0.0, self.num_updates * per_update - begin, transition_begin=begin)
+
     def optimizer(self) -> optax.GradientTransformation:
         c = self.config
-        total = self.num_updates * c.update_epochs * c.num_minibatches
-        lr = optax.linear_schedule(c.lr, 0.0, total) if c.anneal_lr else c.lr
-        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(lr, eps=1e-5))
+        return optax.chain(optax.clip_by_global_norm(c.max_grad_norm), optax.adam(self.learning_rate(), eps=1e-5))
 
     @property
     def recurrent(self) -> bool:

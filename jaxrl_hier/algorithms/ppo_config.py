@@ -20,6 +20,10 @@ class PPOConfig:
     num_minibatches: int = 8
     lr: float = 3e-4
     anneal_lr: bool = True
+    # Share of the run's updates at the constant rate before the linear decay to 0 begins
+    # (anneal_lr only): 0 decays from the first update, as PureJaxRL does; 0.79 holds the rate for
+    # 79% of the run and decays over the rest (a warmup-stable-decay schedule without the warmup).
+    anneal_start: float = 0.0
     gamma: float = 0.99
     gae_lambda: float = 0.8
     clip_eps: float = 0.2
@@ -59,6 +63,12 @@ class PPOConfig:
                 raise ConfigError(f"'{name}' must be >= 0, got {getattr(self, name)}.")
         if not 0.0 < self.lr:
             raise ConfigError(f"'lr' must be positive, got {self.lr}.")
+        if not 0.0 <= self.anneal_start < 1.0:
+            raise ConfigError(f"'anneal_start' must lie in [0, 1) (the share of the run before the rate decays), "
+                              f"got {self.anneal_start}.")
+        if self.anneal_start and not self.anneal_lr:
+            raise ConfigError(f"'anneal_start' ({self.anneal_start}) needs 'anneal_lr: true': with a constant "
+                              "rate there is no decay to start. Set anneal_lr or remove anneal_start.")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.gae_lambda <= 1.0):
             raise ConfigError("'gamma' and 'gae_lambda' must lie in [0, 1].")
         if self.network not in ("auto", "mlp", "cnn", "gru", "gps"):
