@@ -252,29 +252,53 @@ def test_progress_bar_closes_when_the_loop_fails():
         assert bar is None
 
 
+def _imports(path):
+    """Every module name an import statement of `path` names, at module level or inside a function
+    (`from a.b import c` names a.b and a.b.c: c may be a module)."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
 def test_no_library_module_or_other_family_imports_a_cli():
     """A CLI file is an entry point only: what two entry points share lives in a library module
     (the warm-start in llm_rl.sft_stage, the run directory in jaxrl_hier.runs). Only a package's
     own __main__ may import its CLI."""
-    import ast
     import re
 
     is_cli = re.compile(r"(^|_)cli$").search
     found = []
     for path in (ROOT / "jaxrl_hier").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            else:
-                continue
-            for module in modules:
-                package, _, name = module.rpartition(".")
-                own_main = path.name == "__main__.py" and package == ".".join(path.relative_to(ROOT).parent.parts)
-                if is_cli(name) and not own_main:
-                    found.append(f"{path.relative_to(ROOT)} imports {module}")
+        for module in _imports(path):
+            package, _, name = module.rpartition(".")
+            own_main = path.name == "__main__.py" and package == ".".join(path.relative_to(ROOT).parent.parts)
+            if is_cli(name) and not own_main:
+                found.append(f"{path.relative_to(ROOT)} imports {module}")
     assert found == []
+
+
+def test_the_package_has_no_import_circle():
+    """Dependencies point down: no module reaches itself through the imports of the modules it
+    imports, lazy imports inside functions included (a lazy import hides a circle, it does not
+    remove it). A module importing its own parent package is not a circle: Python runs the
+    package first anyway."""
+    import graphlib
+
+    modules = {}
+    for path in (ROOT / "jaxrl_hier").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {m: {n for n in _imports(path) if n in modules and n != m and not m.startswith(n + ".")}
+             for m, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        raise AssertionError(f"import circle: {' -> '.join(err.args[1])}") from None
 
 
 def test_every_cli_plot_writes_a_png_and_closes_its_figure(tmp_path):

@@ -7,7 +7,7 @@ LoRA or frozen), the batch and sequence sizes it sees, and the phase (training s
 gradients and activations are live. `plan(specs, mesh)` returns a `MemoryPlan` with bytes PER DEVICE
 for a mesh of (data, fsdp, tensor) axes; `.table()` prints it. The guidance-agent case study (its
 models and sizes, its two tables, our layout run for real) is `jaxrl_hier.llm.memory_case`;
-`python -m jaxrl_hier.llm.memory_case` (or `python -m jaxrl_hier.llm.memory`) prints its tables.
+`python -m jaxrl_hier.llm.memory_case` prints its tables.
 
 Where each figure comes from:
 
@@ -587,9 +587,3 @@ def device_memory_stats(device: Any) -> dict[str, int | None]:
         stats = None
     stats = stats or {}
     return {k: (int(stats[k]) if k in stats else None) for k in ("bytes_in_use", "peak_bytes_in_use")}
-
-
-if __name__ == "__main__":  # the command's old name: the case study's tables
-    from jaxrl_hier.llm.memory_case import main
-
-    main()

@@ -360,10 +360,10 @@ def original_plans(micro_batch: int = 4, lora_rank: int = 16) -> tuple[MemoryPla
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m jaxrl_hier.llm.memory`: print the naive and our table for the original set-up."""
+    """`python -m jaxrl_hier.llm.memory_case`: print the naive and our table for the original set-up."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m jaxrl_hier.llm.memory",
+    ap = argparse.ArgumentParser(prog="python -m jaxrl_hier.llm.memory_case",
                                  description="Memory of the guidance agent (Llama-3.2-3B-shaped, bfloat16) on a "
                                              f"{ORIGINAL_CAPACITY_GIB} GiB device: full copies vs LoRA roles.")
     ap.add_argument("--micro-batch", type=int, default=4,

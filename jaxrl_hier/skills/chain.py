@@ -40,6 +40,7 @@ from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+from jaxrl_hier.skills.trainer import load_expert, save_expert
 
 CHAIN_DIR = "chain"
 
@@ -159,8 +160,6 @@ class ChainTuner(PPOStage):
 
 def save_chain(run_dir: Path, plan: list[str], tuned: dict, meta: dict) -> None:
     """The tuned experts under RUN/chain/expert (one Orbax checkpoint, finalised atomically)."""
-    from jaxrl_hier.skills.trainer import save_expert
-
     save_expert(Path(run_dir) / CHAIN_DIR, {s: tuned[s] for s in plan}, {**meta, "plan": list(plan)})
 
 
@@ -176,8 +175,6 @@ def with_chain(run_dir: Path, chain: dict, experts: dict) -> dict:
 
 def load_chain(run_dir: Path, plan: list[str], like_actor: Any) -> dict:
     """skill -> {"actor": tuned actor} for the chain's `plan` (see `save_chain`)."""
-    from jaxrl_hier.skills.trainer import load_expert
-
     return load_expert(Path(run_dir) / CHAIN_DIR, {s: {"actor": like_actor} for s in plan})
 
 

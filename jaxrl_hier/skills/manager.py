@@ -65,6 +65,7 @@ from jaxrl_hier.skills.env import Conditions, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+from jaxrl_hier.skills.trainer import load_expert, save_expert
 
 MANAGER_DIR = "manager"
 GENERALIST_DIR = "generalist"  # the manager pre-trained with the skills closed (`generalist_timesteps`)
@@ -339,14 +340,10 @@ class ManagerTrainer(PPOStage):
 def save_manager(run_dir: Path, params: dict, meta: dict, dirname: str = MANAGER_DIR) -> None:
     """The trained manager under RUN/manager/expert (the generalist: RUN/generalist/expert), one Orbax
     checkpoint, finalised atomically."""
-    from jaxrl_hier.skills.trainer import save_expert
-
     save_expert(Path(run_dir) / dirname, params, meta)
 
 
 def load_manager(run_dir: Path, like: dict, dirname: str = MANAGER_DIR) -> dict:
-    from jaxrl_hier.skills.trainer import load_expert
-
     return load_expert(Path(run_dir) / dirname, like)
 
 
