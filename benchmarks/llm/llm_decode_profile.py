@@ -110,7 +110,7 @@ def time_layouts(lm: LanguageModel, batch: int, group: int, prompt: int, new_tok
 
 
 def plot_layouts(records: dict, path: Path, title: str) -> None:
-    from jaxrl_hier.logging.plots import pyplot
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -122,8 +122,7 @@ def plot_layouts(records: dict, path: Path, title: str) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:

@@ -156,7 +156,7 @@ def write_outputs(records: list[dict], out: Path, title: str) -> None:
     lines.append(f"{title}; device {info.get('device')}, jax {info.get('jax')}, {info.get('cpu_count')} CPU cores.")
     atomic_write_text(out / "fps.md", "\n".join(lines) + "\n")
 
-    from jaxrl_hier.logging.plots import pyplot
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -172,8 +172,7 @@ def write_outputs(records: list[dict], out: Path, title: str) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "fps.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "fps.png")
 
 
 def main(argv=None) -> int:

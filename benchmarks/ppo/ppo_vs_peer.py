@@ -392,7 +392,7 @@ def write_outputs(result: dict, out: Path) -> None:
               f"flax {info.get('flax')}, optax {info.get('optax')}; {result.get('date', '')}."]
     atomic_write_text(out / "ppo_vs_peer.md", "\n".join(lines) + "\n")
 
-    from jaxrl_hier.logging.plots import pyplot
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
     envs = sorted({p["env"] for p in result["pairs"] if "ratio" in p})
@@ -412,8 +412,7 @@ def write_outputs(result: dict, out: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"{info.get('device')} ({info.get('cpu_model')}), jax {info.get('jax')}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "ppo_vs_peer.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "ppo_vs_peer.png")
 
 
 # ---------------------------------------------------------------------------- profile

@@ -66,7 +66,7 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
 def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.ticker
 
-    from jaxrl_hier.logging.plots import pyplot
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -81,8 +81,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

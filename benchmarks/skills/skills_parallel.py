@@ -94,7 +94,7 @@ def run_k(args, k: int) -> dict:
 
 
 def plot(records: list[dict], path: Path, title: str) -> None:
-    from jaxrl_hier.logging.plots import pyplot
+    from jaxrl_hier.logging.plots import pyplot, save_figure
 
     plt = pyplot()
 
@@ -110,8 +110,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     ax.set_xticks(ks)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
