@@ -25,7 +25,7 @@ import numpy as np
 from jaxrl_hier.config import load_config
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.skills.cli import check_config
-from jaxrl_hier.skills.composed import build_composition, choose_target, episode_limit, load_managed, load_run
+from jaxrl_hier.skills.composed import episode_limit, final_agent, load_run
 from jaxrl_hier.skills.composition import mode_keys
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.spec import Condition, Skill
@@ -59,15 +59,9 @@ def main(argv=None) -> int:
     run = load_run(args.run, config, catalog, False, True)
     probes = [Skill(f"probe{i}", (), (Condition(q, op, v),)) for i, (_, q, op, v) in enumerate(PROBES)]
     watch = jax.tree.map(jnp.asarray, run.env.conditions(probes))
-    if run.manager and not args.no_manager:
-        agent, played = load_managed(args.run, config, run)
-        kind = f"managed agent over {len(run.manager['skills'])} skills"
-    else:
-        aim = choose_target(run.library, list(run.experts), run.target)
-        agent, (played, _) = run.agent, build_composition(run.env, run.library, run.experts, aim)
-        kind = f"composed agent towards {aim}"
-    played = played.replace(watch=watch)
-    result = {"run": str(args.run), "agent": kind, "seed": args.seed, "episodes": args.episodes}
+    final = final_agent(args.run, config, run, use_manager=not args.no_manager)
+    agent, played = final.agent, final.played.replace(watch=watch)
+    result = {"run": str(args.run), "agent": final.kind, "seed": args.seed, "episodes": args.episodes}
     for mode, mode_key in mode_keys(jax.random.key(args.seed)):  # the worlds of `skills eval --seed`
         stats = agent.evaluate(played, mode_key, args.episodes, episode_limit(run.base_params), mode == "greedy")
         result[mode] = summarise(stats, [p[0] for p in PROBES])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -269,14 +269,31 @@ def evaluate_run(run_dir: Path, config: Any, catalog: SkillLibrary, *, episodes:
                   achievement_names=tuple(base.achievement_names),
                   achievement_rewards=tuple(getattr(base, "achievement_rewards", ())), running=run.running,
                   chain=run.chain, subdir=report_dir(run_dir, use_chain, use_manager and target is None).name)
+    final = final_agent(run_dir, config, run, target, use_manager)
+    managed = dict(manager={**run.manager, "primitives": config.manager.primitives},
+                   labels=final.agent.labels) if final.managed else {}
+    return write_report(Path(run_dir), final.agent, final.played, final.skills, list(run.experts), **managed, **common)
+
+
+class FinalAgent(NamedTuple):
+    agent: Any  # plays `played` (`evaluate`, `record`): a `ManagedAgent` or the run's `ComposedAgent`
+    played: Any  # its `Managed` or `Composition`
+    skills: list[str]  # the manager's skills, or the composed agent's plan to its target
+    managed: bool
+    kind: str  # in words, for logs and reports
+
+
+def final_agent(run_dir: Path, config: Any, run: RunAgents, target: str | None = None,
+                use_manager: bool = True) -> FinalAgent:
+    """The agent `skills eval` plays: the run's learned manager when it has one (not with a `target`),
+    else the composed agent routed towards `target` (default the run's)."""
     if run.manager and use_manager and target is None:
         agent, managed = load_managed(run_dir, config, run)
-        return write_report(Path(run_dir), agent, managed, run.manager["skills"], list(run.experts),
-                            manager={**run.manager, "primitives": config.manager.primitives}, labels=agent.labels,
-                            **common)
+        skills = list(run.manager["skills"])
+        return FinalAgent(agent, managed, skills, True, f"managed agent over {len(skills)} skills")
     aim = choose_target(run.library, list(run.experts), target or run.target)
     comp, plan = build_composition(run.env, run.library, run.experts, aim)
-    return write_report(Path(run_dir), run.agent, comp, plan, list(run.experts), **common)
+    return FinalAgent(run.agent, comp, plan, False, f"composed agent towards {aim}")
 
 
 def load_managed(run_dir: Path, config: Any, run: RunAgents):
@@ -326,5 +343,5 @@ def report_lines(report: dict) -> list[str]:
 
 
 __all__ = ["Composition", "ComposedAgent", "EpisodeStats", "build_composition", "choose_target", "episode_limit",
-           "load_managed", "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
+           "final_agent", "FinalAgent", "load_managed", "load_run", "RunAgents", "evaluate_run", "report_lines", "play_episodes", "summarize", "write_report",
            "read_report", "report_dir", "EVAL_DIR", "REPORT_FILE"]
