@@ -298,14 +298,15 @@ def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) 
 class ManagerTrainer(PPOStage):
     """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees).
     `closed`: the generalist stage (skills closed); `start`: parameters to begin from (the generalist's,
-    `result(...)["manager"]`) instead of a fresh initialisation."""
+    `result(...)["manager"]`) instead of a fresh initialisation; `ppo`: the stage's PPO settings where
+    they are not `config.manager_ppo_config(closed)` (an ablation's schedule, say)."""
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
-                 names: Sequence[str], closed: bool = False, start: Any = None):
+                 names: Sequence[str], closed: bool = False, start: Any = None, ppo: Any = None):
         self.names, self.start = list(names), start
         self.bank_names = option_bank_names(library, self.names)
         options = build_options(skill_env, library, self.names, self.bank_names)
-        ppo = config.manager_ppo_config(closed)
+        ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
         env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed)
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
