@@ -35,16 +35,10 @@ from jaxrl_hier.checkpointing.checkpoints import Checkpointer
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.logging.metrics import MetricsWriter
 from jaxrl_hier.runs import is_primary
-# The stage modules are imported with the scheduler, not when their stage begins: a run of an hour
-# then uses the code it started with throughout, even if the package is edited meanwhile.
-from jaxrl_hier.skills.chain import CHAIN_DIR, ChainTuner, chain_target, failed_experts, save_chain, with_chain
 from jaxrl_hier.skills.generators import Generator, GeneratorUnavailable, ProposalContext, make_validator
-from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager, manager_skills,
-                                       save_manager)
 from jaxrl_hier.skills.spec import Skill, SkillLibrary
 from jaxrl_hier.skills.state import (RunLock, SchedulerState, SkillRecord, crash_point, load_state, run_library,
                                      save_state)
-from jaxrl_hier.skills.trainer import skill_env_and_policy
 
 log = logging.getLogger("jaxrl_hier.skills")
 CHAIN_KEY = 0x636861  # folded into the run's seed for the chain's initial key ("cha")
@@ -110,6 +104,7 @@ class Scheduler:
         """Train until nothing is left (or `max_rounds`). `on_lock` runs once the directory is
         locked, before anything is written (the CLI records resume overrides there)."""
         self._run_started = self.clock()  # max_wall_s counts from here: the first compilations included
+        self._load_stage_modules()
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.primary:
             self.lock.acquire()
@@ -213,14 +208,30 @@ class Scheduler:
         if self._chain():
             self._manage()
 
+    def _load_stage_modules(self) -> None:
+        """Import the modules of the stages this run will reach now, not when each stage begins: a
+        run of an hour then runs the code it started with, even if the package is edited meanwhile.
+        Runs without those stages skip the imports (the skills alone start faster)."""
+        import importlib
+
+        c = self.config
+        stages = {"chain": c.chain_timesteps, "manager": c.manager.timesteps or c.manager.generalist_timesteps}
+        for name in [n for n, steps in stages.items() if steps]:
+            importlib.import_module(f"jaxrl_hier.skills.{name}")
+
     # ------------------------------------------------------------------ chain fine-tuning
     def _chain_experts(self) -> dict[str, Any]:
         """The completed skills' experts, then each failed skill's last attempt (saved when it failed)."""
+        from jaxrl_hier.skills.chain import failed_experts
+
         return {**self.experts, **failed_experts(self.dir, self.state, self.trainer.load_expert)}
 
     def _chain(self) -> bool:
         """Fine-tune the chain towards the target (config `chain_timesteps`, `skills.chain`); False when
         `max_wall_s` stopped it (the manager, which plays its experts, waits for a resume)."""
+        from jaxrl_hier.skills.chain import CHAIN_DIR, ChainTuner, chain_target, save_chain
+        from jaxrl_hier.skills.trainer import skill_env_and_policy
+
         c, chain = self.config, self.state.chain
         if not c.chain_timesteps or (chain.get("status") == "done" and chain["steps"] >= c.chain_timesteps):
             return True
@@ -244,6 +255,11 @@ class Scheduler:
         `skills.manager`), after the chain: its experts are the chain's tuned ones where it has them.
         With `generalist_timesteps` the generalist stage (the skills closed) comes first, and the
         manager starts from its parameters."""
+        from jaxrl_hier.skills.chain import with_chain
+        from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager,
+                                               manager_skills, save_manager)
+        from jaxrl_hier.skills.trainer import skill_env_and_policy
+
         c, record = self.config, self.state.manager
         if not c.manager.timesteps or record.get("status") == "skipped" or (
                 record.get("status") == "done" and record["steps"] >= c.manager.timesteps):
@@ -280,6 +296,8 @@ class Scheduler:
         """The generalist stage (config `manager.generalist_timesteps`): the manager's network trained
         with its skills closed, saved under RUN/generalist/ for the manager to start from. False when
         `max_wall_s` stopped it. Once the manager stage has begun the generalist is not extended."""
+        from jaxrl_hier.skills.manager import GENERALIST_DIR, ManagerTrainer, save_manager
+
         c, record = self.config, self.state.generalist
         total = c.manager.generalist_timesteps
         if not total and not record:
