@@ -222,14 +222,16 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     steady = ((total - first_n) * ppo.steps_per_update / (train_s - compile_s)) if total > first_n else None
     out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s,
            "steps_per_s": total * ppo.steps_per_update / train_s, "steady_steps_per_s": steady, "curve": curve}
-    for mode, mode_key in mode_keys(key):
-        stats = evaluate(runner, mode_key, mode == "greedy")
-        out[mode] = summarize(stats, names, rewards, [])
+    def both_modes(evaluate, worlds) -> dict:
+        return {mode: summarize(evaluate(runner, mode_key, mode == "greedy"), names, rewards, [])
+                for mode, mode_key in mode_keys(worlds)}
+
+    out.update(both_modes(evaluate, key))
     if args.validation_worlds_seed is not None:
-        evaluate = make_ppo_eval(trainer, args.validation_episodes, max_steps)
-        out["validation"] = {"worlds_seed": args.validation_worlds_seed + seed, "episodes": args.validation_episodes}
-        for mode, mode_key in mode_keys(jax.random.key(args.validation_worlds_seed + seed)):
-            out["validation"][mode] = summarize(evaluate(runner, mode_key, mode == "greedy"), names, rewards, [])
+        worlds = args.validation_worlds_seed + seed
+        out["validation"] = {"worlds_seed": worlds, "episodes": args.validation_episodes,
+                             **both_modes(make_ppo_eval(trainer, args.validation_episodes, max_steps),
+                                          jax.random.key(worlds))}
     return out
 
 

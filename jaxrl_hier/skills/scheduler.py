@@ -209,15 +209,12 @@ class Scheduler:
             self._manage()
 
     def _load_stage_modules(self) -> None:
-        """Import the modules of the stages this run will reach now, not when each stage begins: a
-        run of an hour then runs the code it started with, even if the package is edited meanwhile.
-        Runs without those stages skip the imports (the skills alone start faster)."""
-        import importlib
-
-        c = self.config
-        stages = {"chain": c.chain_timesteps, "manager": c.manager.timesteps or c.manager.generalist_timesteps}
-        for name in [n for n, steps in stages.items() if steps]:
-            importlib.import_module(f"jaxrl_hier.skills.{name}")
+        """Import the stage modules now, not when each stage begins: a run of an hour then runs the
+        code it started with, even if the package is edited meanwhile. Both when either stage is
+        configured (the manager stage reads the chain's experts through `skills.chain`); runs
+        without those stages skip the imports (the skills alone start faster)."""
+        if self.config.chain_timesteps or self.config.manager.timesteps:
+            from jaxrl_hier.skills import chain, manager  # noqa: F401
 
     # ------------------------------------------------------------------ chain fine-tuning
     def _chain_experts(self) -> dict[str, Any]:
