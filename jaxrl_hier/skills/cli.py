@@ -80,7 +80,8 @@ def check_config(config: SkillsConfig):
     catalog.check_quantities(quantities_for(env, catalog))
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
-    for what, names in (("manager.skills", config.manager.named_skills), ("skill_budgets", config.skill_budgets)):
+    for what, names in (("manager.skills", config.manager.named_skills), ("manager.features", config.manager.named_features),
+                        ("skill_budgets", config.skill_budgets)):
         unknown = [s for s in names if s not in catalog]
         if unknown:
             raise ConfigError(f"{what} names {', '.join(repr(s) for s in unknown)}, not in the skill library."

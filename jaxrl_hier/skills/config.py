@@ -44,6 +44,11 @@ class ManagerConfig:
     # sampled; a prior p sets the skills' output bias so that they take about p of the probability
     # in the states the manager stage starts from. 0: as initialised (logits near 0).
     skill_prior: float = 0.0
+    # Skills of the library whose success conditions the manager's network also reads, one input each
+    # (1 while the condition does not hold yet), beside the open choices: "all" (every skill of the
+    # library), or a list. A skill named here needs no expert; the features only say how far the
+    # episode has come along the library's tree. (): the choices alone.
+    features: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -75,6 +80,11 @@ class ManagerConfig:
         if self.skill_prior and not self.generalist_timesteps:
             raise ConfigError("'skill_prior' needs 'generalist_timesteps': it sets where the skills start beside a "
                               "trained generalist.")
+        if "all" in self.features and len(self.features) > 1:
+            raise ConfigError(f"'features' mixes \"all\" with names ({', '.join(self.features)}): give one or the "
+                              "other.")
+        if len(set(self.features)) != len(self.features):
+            raise ConfigError(f"'features' names a skill twice: {', '.join(self.features)}.")
         if self.dispatch not in ("gather", "mask"):
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
 
@@ -82,6 +92,11 @@ class ManagerConfig:
     def named_skills(self) -> tuple[str, ...]:
         """The skills the config names (none for "all")."""
         return () if self.skills == ("all",) else self.skills
+
+    @property
+    def named_features(self) -> tuple[str, ...]:
+        """The feature skills the config names (none for "all")."""
+        return () if self.features == ("all",) else self.features
 
 
 @dataclass(frozen=True)

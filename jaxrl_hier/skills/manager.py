@@ -39,6 +39,10 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
   parameters with the skills open: a residual generalist that calls a skill where one pays. The
   network's inputs are the same in both stages (the initiation set of the open manager), so the
   hand-over changes only which choices the logits may take.
+- With `features` the network also reads, for more skills of the library, whether each one's
+  success conditions do not hold yet (on Craftax: the achievements still to unlock). Craftax's
+  observation shows the inventory but not which achievements the episode has had, while its reward
+  pays each achievement once: these inputs tell the value and the policy which rewards are left.
 
 `ManagerTrainer` builds the PPO program; the scheduler runs it after chain fine-tuning, in chunks of
 `updates_per_round` updates, checkpointed like every stage, and saves the manager under
@@ -88,6 +92,7 @@ class ManagerParams:
     base: Any
     options: Options
     option_steps: jax.Array  # int32: an option ends after this many base steps
+    features: Conditions | None = None  # [F, C]: success conditions the network reads (`features`), if any
 
 
 @struct.dataclass
@@ -122,6 +127,16 @@ def build_options(skill_env: Any, library: SkillLibrary, names: Sequence[str], b
                    plan=jax.tree.map(stack, *[p.plan for p in params]),
                    plan_len=np.array([p.plan_len for p in params], np.int32),
                    needs=np.stack([p.needs for p in params]), rows=np.array(rows, np.int32))
+
+
+def feature_skills(library: SkillLibrary, wanted: Sequence[str]) -> list[str]:
+    """The skills whose conditions the manager reads (config `manager.features`; "all": the library's)."""
+    return list(library.names) if tuple(wanted) == ("all",) else [library[s].name for s in wanted]
+
+
+def build_features(skill_env: Any, library: SkillLibrary, names: Sequence[str]) -> Conditions | None:
+    """Host [F, C] success conditions of the feature skills `names`; None for none."""
+    return skill_env.conditions([library[n] for n in names]) if names else None
 
 
 def option_holds(q: jax.Array, options: Options) -> jax.Array:
@@ -160,7 +175,10 @@ class ManagerEnv(Environment):
         running = option >= 0  # only a skill runs past its first step
         mask = jnp.where(running, jnp.arange(free.shape[0]) == option, free)
         allowed = mask & (jnp.arange(free.shape[0]) >= params.options.plan_len.shape[0]) if self.closed else mask
-        return {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
+        obs = {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
+        if params.features is not None:  # the skills still to do, as inputs
+            obs["features"] = ~jax.vmap(conditions_hold, in_axes=(None, 0))(q, params.features)
+        return obs
 
     def reset(self, key: jax.Array, params: ManagerParams):
         base_obs, base_state = self.base.reset(key, params.base)
@@ -247,8 +265,15 @@ class ManagerPolicy:
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
         self.dispatch, self.greedy_experts, self.closed = dispatch, greedy_experts, closed
 
+    @staticmethod
+    def _features(x: jax.Array, obs: dict) -> jax.Array:
+        """The networks' input: the observation, the open choices, running, and `features` if given."""
+        extra = [obs["choices"], obs["running"][:, None]] + ([obs["features"]] if "features" in obs else [])
+        return jnp.concatenate([x, *(e.astype(x.dtype) for e in extra)], axis=-1)
+
     def init(self, key: jax.Array, obs: dict) -> dict:
         din = int(np.prod(obs["obs"].shape[1:])) + self.num_choices + 1
+        din += obs["features"].shape[-1] if "features" in obs else 0
         k_actor, k_critic = jax.random.split(key)
         hidden = [self.hidden_size] * self.num_layers
         return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
@@ -259,8 +284,7 @@ class ManagerPolicy:
         act = ACTIVATIONS[self.activation]
         params, bank = variables["params"], variables["experts"]["actor"]
         x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
-        features = jnp.concatenate([x, obs["choices"].astype(x.dtype), obs["running"][:, None].astype(x.dtype)],
-                                   axis=-1)
+        features = self._features(x, obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         # run only when an action is sampled; never while the skills are closed
@@ -309,7 +333,9 @@ class ManagerTrainer(PPOStage):
         ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
         env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed)
-        params = ManagerParams(base_params, options, np.int32(config.manager.option_steps))
+        self.features = feature_skills(library, config.manager.features)
+        params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
+                               build_features(skill_env, library, self.features))
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
                                env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
                                config.manager.dispatch, config.manager.greedy_experts, closed)
@@ -403,5 +429,6 @@ class ManagedAgent:
 
 
 __all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
-           "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_options", "load_manager",
-           "manager_skills", "option_bank_names", "option_holds", "save_manager", "with_skill_prior"]
+           "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_features", "build_options",
+           "feature_skills", "load_manager", "manager_skills", "option_bank_names", "option_holds", "save_manager",
+           "with_skill_prior"]
