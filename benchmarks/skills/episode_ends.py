@@ -26,7 +26,7 @@ from jaxrl_hier.config import load_config
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import episode_limit, final_agent, load_run
-from jaxrl_hier.skills.composition import mode_keys
+from jaxrl_hier.skills.composition import play_both_modes
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.spec import Condition, Skill
 
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     final = final_agent(args.run, config, run, use_manager=not args.no_manager)
     agent, played = final.agent, final.played.replace(watch=watch)
     result = {"run": str(args.run), "agent": final.kind, "seed": args.seed, "episodes": args.episodes}
-    for mode, mode_key in mode_keys(jax.random.key(args.seed)):  # the worlds of `skills eval --seed`
-        stats = agent.evaluate(played, mode_key, args.episodes, episode_limit(run.base_params), mode == "greedy")
-        result[mode] = summarise(stats, [p[0] for p in PROBES])
+    result.update(play_both_modes(  # the worlds of `skills eval --seed`
+        lambda k, greedy: summarise(agent.evaluate(played, k, args.episodes, episode_limit(run.base_params), greedy),
+                                    [p[0] for p in PROBES]), jax.random.key(args.seed)))
     out = args.out or args.run / "eval"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "episode_ends.json", result)

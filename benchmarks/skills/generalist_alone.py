@@ -33,7 +33,7 @@ from jaxrl_hier.bench import device_info
 from jaxrl_hier.config import load_config
 from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.skills.cli import check_config
-from jaxrl_hier.skills.composition import episode_limit, mode_keys
+from jaxrl_hier.skills.composition import episode_limit, play_both_modes
 from jaxrl_hier.skills.composed import summarize
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.manager import ManagedAgent, ManagerTrainer
@@ -62,7 +62,9 @@ def main(argv=None) -> int:
     library = check_config(config)
     names = list(config.manager.named_skills)
     if not names or not config.manager.primitives:
-        sys.exit("the config's manager section must name its skills and take base actions (primitives: true)")
+        print("error: the config's manager section must name its skills and take base actions (primitives: true)",
+              file=sys.stderr)
+        return 2
     chunk = config.updates_per_round * config.steps_per_update
     chunks = args.budget // chunk
     ppo = dataclasses.replace(config.manager_ppo_config(closed=True), anneal_lr=True, anneal_start=args.anneal_start,
@@ -92,9 +94,9 @@ def main(argv=None) -> int:
     for split, seed, episodes in (("validation", args.validation_worlds_seed, args.validation_episodes),
                                   ("test", args.worlds_seed, args.episodes)):
         out[split] = {"worlds_seed": seed + args.seed, "episodes": episodes}
-        for mode, key in mode_keys(jax.random.key(seed + args.seed)):
-            stats = agent.evaluate(managed, key, episodes, max_steps, mode == "greedy")
-            out[split][mode] = summarize(stats, achievements, rewards, names, agent.labels)
+        out[split].update(play_both_modes(lambda k, greedy: summarize(
+            agent.evaluate(managed, k, episodes, max_steps, greedy), achievements, rewards, names, agent.labels),
+            jax.random.key(seed + args.seed)))
         print(f"{split}: score {out[split]['sampled']['score_percent_of_max']:.1f}% sampled, "
               f"{out[split]['greedy']['score_percent_of_max']:.1f}% greedy", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

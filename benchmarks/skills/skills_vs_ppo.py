@@ -54,7 +54,7 @@ from jaxrl_hier.logging.plots import save_figure
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import (build_composition, choose_target, episode_limit, load_managed, load_run,
                                         play_episodes, summarize)
-from jaxrl_hier.skills.composition import mode_keys
+from jaxrl_hier.skills.composition import play_both_modes
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.state import load_state
 
@@ -223,8 +223,7 @@ def run_ppo(args, config, budget: int, seed: int, key, max_steps: int, names, re
     out = {"env_steps": total * ppo.steps_per_update, "wall_s": train_s, "first_chunk_s": compile_s,
            "steps_per_s": total * ppo.steps_per_update / train_s, "steady_steps_per_s": steady, "curve": curve}
     def both_modes(evaluate, worlds) -> dict:
-        return {mode: summarize(evaluate(runner, mode_key, mode == "greedy"), names, rewards, [])
-                for mode, mode_key in mode_keys(worlds)}
+        return play_both_modes(lambda k, greedy: summarize(evaluate(runner, k, greedy), names, rewards, []), worlds)
 
     out.update(both_modes(evaluate, key))
     if args.validation_worlds_seed is not None:
@@ -318,9 +317,8 @@ def managed_figures(run_dir: Path, run_config: SkillsConfig, run, state, budget:
     out = {"env_steps": budget, "manager_steps": int(run.manager["steps"]),
            "generalist_steps": int(state.generalist.get("steps", 0)), "skills": run.manager["skills"],
            "manager_config": dataclasses.asdict(run_config.manager)}
-    for j, mode in enumerate(("greedy", "sampled")):
-        stats = agent.evaluate(managed, jax.random.fold_in(key, j), episodes, max_steps, mode == "greedy")
-        out[mode] = summarize(stats, names, rewards, list(run.experts), agent.labels)
+    out.update(play_both_modes(lambda k, greedy: summarize(agent.evaluate(managed, k, episodes, max_steps, greedy),
+                                                           names, rewards, list(run.experts), agent.labels), key))
     out["curve"] = [{"env_steps": budget, "achievements_per_episode":
                      float(sum(out["sampled"]["achievements"].values()))}]
     return out
@@ -400,9 +398,9 @@ def main(argv=None) -> int:
                   **skills_throughput(run_dir, state),
                   "completed": [r.name for r in state.by_status("completed")], "running": list(run.running),
                   "skills_total": len(state.skills)}
-        for j, mode in enumerate(("greedy", "sampled")):
-            stats = run.agent.evaluate(comp, jax.random.fold_in(key, j), args.episodes, max_steps, mode == "greedy")
-            skills[mode] = summarize(stats, names, rewards, list(run.experts), plan)
+        skills.update(play_both_modes(lambda k, greedy: summarize(
+            run.agent.evaluate(comp, k, args.episodes, max_steps, greedy), names, rewards, list(run.experts), plan),
+            key))
         skills["curve"] = [] if args.no_curve else skills_curve(run_dir, own, state, key, args.episodes, max_steps)
         # the composed agent at the skills' and chain's budget (failed attempts after the last completion
         # included); the managed agent, trained after them, at the whole budget

@@ -34,7 +34,7 @@ from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.logging.episode_gif import record_episode, write_annotated_gif
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import (Composition, EpisodeStats, build_composition, choose_target, episode_limit,
-                                           mode_keys, play_episodes)
+                                           play_both_modes, play_episodes)
 from jaxrl_hier.skills.env import conditions_hold, route_to_target
 from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
@@ -167,9 +167,9 @@ def write_report(run_dir: Path, agent: ComposedAgent, comp: Composition, plan: S
                               # (and whether it also took base actions itself: `manager.primitives`)
                               "manager": {k: manager[k] for k in ("skills", "steps", "primitives") if k in manager}
                               if manager else None}
-    for mode, mode_key in mode_keys(key):
-        stats = agent.evaluate(comp, mode_key, episodes, max_steps, mode == "greedy")
-        report[mode] = summarize(stats, achievement_names, achievement_rewards, watched, labels or plan)
+    report.update(play_both_modes(lambda k, greedy: summarize(agent.evaluate(comp, k, episodes, max_steps, greedy),
+                                                              achievement_names, achievement_rewards, watched,
+                                                              labels or plan), key))
     title = "managed agent" if manager else f"composed agent towards {plan[-1]}"
     plot_achievements(report, out / "achievements.png", f"{title}, {episodes} fresh worlds")
     try:

@@ -7,7 +7,7 @@ imports another to reach it.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,12 @@ def mode_keys(key: jax.Array) -> list[tuple[str, jax.Array]]:
     key (`skills eval --seed`, flat PPO in benchmarks/skills/skills_vs_ppo.py) plays the same fresh
     worlds in each mode."""
     return [(mode, jax.random.fold_in(key, i)) for i, mode in enumerate(("greedy", "sampled"))]
+
+
+def play_both_modes(evaluate: Callable[[jax.Array, bool], Any], key: jax.Array) -> dict[str, Any]:
+    """{"greedy": evaluate(k0, True), "sampled": evaluate(k1, False)} with the keys of `mode_keys(key)`:
+    one agent's figures in both modes from the fresh worlds every agent judged from `key` plays."""
+    return {mode: evaluate(mode_key, mode == "greedy") for mode, mode_key in mode_keys(key)}
 
 
 def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: int, max_steps: int,

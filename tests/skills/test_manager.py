@@ -138,6 +138,32 @@ def test_a_primitive_choice_takes_its_base_action_for_one_step():
     assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held
 
 
+def test_feature_inputs_say_which_library_skills_do_not_hold_yet_and_widen_the_network():
+    """`manager.features`: one input per named skill, set while its conditions do not hold, whether
+    or not the manager may choose that skill; the networks read them after the choices."""
+    features = ["collect_wood", "make_wood_pickaxe"]
+    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True, "features": features}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {"collect_wood": fixed_expert(policy, obs_dim, {skill_env.base.action_names.index("do"): 5.0})}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"])
+    assert trainer.features == features
+    obs, state = jax.jit(trainer.env.reset)(jax.random.key(0), trainer.params)
+    state = hand_made_world(trainer.env, state)
+    obs = jax.jit(trainer.env._observe)(obs["obs"], state.base, state.option, trainer.params)
+    assert obs["features"].tolist() == [True, True]
+    obs, state, reward, *_ = jax.jit(trainer.env.step)(jax.random.key(1), state, jnp.int32(
+        skill_env.base.action_names.index("do")), trainer.params)  # option 0 (collect_wood), its expert's "do"
+    assert float(reward) == 1.0 and obs["features"].tolist() == [False, True]
+    variables = jax.jit(trainer.policy.init)(jax.random.key(2), jax.tree.map(lambda x: x[None], obs))
+    choices = 1 + len(skill_env.base.action_names)
+    assert variables["params"]["actor"][0]["kernel"].shape[0] == obs_dim + choices + 1 + len(features)
+    # "all" reads every skill of the library
+    cfg_all = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True, "features": "all"}})
+    assert ManagerTrainer(cfg_all, skill_env, base_params, lib, experts, ["collect_wood"]).features == list(lib.names)
+
+
 def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
     """The generalist stage: with the skills closed no skill may be chosen and no expert runs, while
     the network's inputs (`choices`) are what the open manager would see, so the manager stage that
@@ -399,6 +425,8 @@ def test_a_kill_between_the_generalist_and_the_manager_then_resume_gives_the_uni
     ("manager: {timesteps: 100, skills: []}", "'skills' is empty"),
     ("manager: {timesteps: 100, generalist_timesteps: 100}", "'generalist_timesteps' needs 'primitives: true'"),
     ("manager: {timesteps: 100, primitives: true, skill_prior: 0.2}", "'skill_prior' needs 'generalist_timesteps'"),
+    ("manager: {timesteps: 100, features: [collect_wood, colect_stone]}", "manager.features names 'colect_stone'"),
+    ("manager: {timesteps: 100, features: [all, collect_wood]}", "'features' mixes \"all\" with names"),
     ("skill_budgets: {collect_wod: 1000}", "skill_budgets names 'collect_wod'"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
