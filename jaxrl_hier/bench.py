@@ -33,6 +33,22 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The vector extensions that decide XLA:CPU's matrix-product speed and whether bfloat16 runs natively.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_vector_flags() -> str:
+    """The CPU's vector extensions among `VECTOR_FLAGS` (from /proc/cpuinfo's flags), space-separated:
+    two processors with one model name ("AMD EPYC") may differ there, and their figures with them.
+    "" where /proc/cpuinfo is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    return " ".join(flag for flag in VECTOR_FLAGS if flag in flags)
+
+
 def cpu_ticks() -> tuple[int, int, int] | None:
     """(total, idle, steal) clock ticks of all the CPUs since boot, from /proc/stat's first line (idle
     counts iowait; steal is the time the hypervisor ran something else while this VM wanted the CPU).
@@ -96,7 +112,8 @@ def device_info() -> dict:
     import optax
 
     dev = jax.devices()[0]
-    return {"device": f"{dev.platform}:{dev.device_kind}", "cpu_model": cpu_model(), "num_devices": jax.device_count(),
+    return {"device": f"{dev.platform}:{dev.device_kind}", "cpu_model": cpu_model(), "cpu_flags": cpu_vector_flags(),
+            "num_devices": jax.device_count(),
             "jax": jax.__version__, "flax": flax.__version__, "optax": optax.__version__,
             "python": platform.python_version(), "machine": platform.machine(), "cpu_count": cpu_count()}
 

@@ -17,6 +17,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.ppo import ppo_vs_peer as bench  # noqa: E402
+from jaxrl_hier.bench import VECTOR_FLAGS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,6 +80,9 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
     assert result["peer_commit"] == "abc123" and result["settings"]["updates"] == 3
     table = (out / "ppo_vs_peer.md").read_text()
     assert "| CartPole-v1 | 8 |" in table and "abc123" in table and "2026-11-27" in table and "Env-only" in table
+    # the vector extensions name the processor where the model name alone does not ("AMD EPYC")
+    flags = result["device"]["cpu_flags"]
+    assert set(flags.split()) <= set(VECTOR_FLAGS) and (not flags or f"with {flags}" in table)
     assert (out / "ppo_vs_peer.png").stat().st_size > 1000
     # The peer's make_train got its own script's config: our sizes, logging off, 3 updates.
     module = bench.load_peer(peer)

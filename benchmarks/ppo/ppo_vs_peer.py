@@ -388,7 +388,7 @@ def write_outputs(result: dict, out: Path) -> None:
               f"optimistic resets 1/{s['reset_ratio']}. Env-only: our vectorised env alone over the same "
               f"num_envs x {s['num_steps'] * s['updates']} steps from fresh worlds, random actions, pool resets "
               f"1/{s['reset_ratio']} (the whole loop's ceiling).",
-              f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), jax {info.get('jax')}, "
+              f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores{_flags(info)}), jax {info.get('jax')}, "
               f"flax {info.get('flax')}, optax {info.get('optax')}; {result.get('date', '')}."]
     atomic_write_text(out / "ppo_vs_peer.md", "\n".join(lines) + "\n")
 
@@ -697,6 +697,11 @@ def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcont
     return {"env": env, "num_envs": num_envs, **s, "rows": rows, "loadavg": os.getloadavg()[0]}
 
 
+def _flags(info: dict) -> str:
+    """", with avx2 fma avx512f ..." for a CPU device whose vector extensions were recorded."""
+    return f", with {info['cpu_flags']}" if info.get("cpu_flags") and info.get("device", "").startswith("cpu") else ""
+
+
 def write_profile(result: dict, out: Path) -> None:
     from jaxrl_hier.io import atomic_write_json, atomic_write_text
 
@@ -716,7 +721,7 @@ def write_profile(result: dict, out: Path) -> None:
     lines += ["", f"One PPO update of each column's envs x {s['num_steps']} steps, {s['update_epochs']} epochs x "
               f"{s['num_minibatches']} minibatches, width {s['width']} (3 layers); each piece compiled apart and timed "
               f"(best of 3; env stepping: the mean of 8 chained calls after {result['warmup_steps']} warm-up steps). "
-              f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), jax {info.get('jax')}; "
+              f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores{_flags(info)}), jax {info.get('jax')}; "
               f"{result.get('date', '')}."]
     if result.get("note"):
         lines.append(result["note"])
@@ -789,7 +794,7 @@ def main(argv=None) -> int:
                          + " |")
         lines += ["", f"Per PPO update of {res[0]['num_envs']} envs x {s['num_steps']} steps ({s['update_epochs']} epochs x "
                   f"{s['num_minibatches']} minibatches, width {s['width']}), each form compiled apart, best of 3. "
-                  f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), "
+                  f"Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores{_flags(info)}), "
                   f"jax {info.get('jax')}; {args.date}."]
         atomic_write_text(args.out / "ppo_levers.md", "\n".join(lines) + "\n")
         return 0
