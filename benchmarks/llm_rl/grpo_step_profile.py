@@ -38,15 +38,11 @@ def nominal_peak_gflops(cores: int) -> dict:
     """cores x clock x FLOP/cycle from /proc/cpuinfo (the clock in the model name, else "cpu MHz")."""
     import re
 
-    from jaxrl_hier.bench import cpu_model
+    from jaxrl_hier.bench import cpu_model, cpu_vector_flags
 
-    model, mhz, flags = cpu_model(), None, ""
+    model, mhz, flags = cpu_model(), None, cpu_vector_flags().split()
     with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("cpu MHz") and mhz is None:
-                mhz = float(line.split(":")[1])
-            elif line.startswith("flags") and not flags:
-                flags = line
+        mhz = next((float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")), None)
     m = re.search(r"@\s*([\d.]+)\s*GHz", model)
     ghz = float(m.group(1)) if m else (mhz or 0) / 1000
     per_cycle = 64 if "avx512f" in flags else 32 if "avx2" in flags else 8  # FP32 FMA lanes x 2 units x 2

@@ -12,6 +12,19 @@ from jaxrl_hier.config import ConfigError, build_dataclass
 GENERATORS = ("planner", "openai", "local_llm")
 
 
+def _check_skill_list(key: str, names: tuple[str, ...]) -> None:
+    """A list of skill names or "all" alone, each name once (the manager's `skills` and `features`)."""
+    if "all" in names and len(names) > 1:
+        raise ConfigError(f"'{key}' mixes \"all\" with names ({', '.join(names)}): give one or the other.")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"'{key}' names a skill twice: {', '.join(names)}.")
+
+
+def _named(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The skills a list names: none for "all"."""
+    return () if names == ("all",) else names
+
+
 @dataclass(frozen=True)
 class ManagerConfig:
     """The learned manager over the completed skills (skills.manager), trained after the skills and the
@@ -56,10 +69,8 @@ class ManagerConfig:
         if not self.skills:
             raise ConfigError("'skills' is empty: list the skills the manager chooses among, or write \"all\" for "
                               "every completed skill.")
-        if "all" in self.skills and len(self.skills) > 1:
-            raise ConfigError(f"'skills' mixes \"all\" with names ({', '.join(self.skills)}): give one or the other.")
-        if len(set(self.skills)) != len(self.skills):
-            raise ConfigError(f"'skills' names a skill twice: {', '.join(self.skills)}.")
+        for key in ("skills", "features"):
+            _check_skill_list(key, getattr(self, key))
         if self.option_steps <= 0:
             raise ConfigError(f"'option_steps' must be positive, got {self.option_steps}.")
         if self.lr <= 0:
@@ -80,23 +91,18 @@ class ManagerConfig:
         if self.skill_prior and not self.generalist_timesteps:
             raise ConfigError("'skill_prior' needs 'generalist_timesteps': it sets where the skills start beside a "
                               "trained generalist.")
-        if "all" in self.features and len(self.features) > 1:
-            raise ConfigError(f"'features' mixes \"all\" with names ({', '.join(self.features)}): give one or the "
-                              "other.")
-        if len(set(self.features)) != len(self.features):
-            raise ConfigError(f"'features' names a skill twice: {', '.join(self.features)}.")
         if self.dispatch not in ("gather", "mask"):
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
 
     @property
     def named_skills(self) -> tuple[str, ...]:
         """The skills the config names (none for "all")."""
-        return () if self.skills == ("all",) else self.skills
+        return _named(self.skills)
 
     @property
     def named_features(self) -> tuple[str, ...]:
         """The feature skills the config names (none for "all")."""
-        return () if self.features == ("all",) else self.features
+        return _named(self.features)
 
 
 @dataclass(frozen=True)

@@ -139,9 +139,14 @@ def build_features(skill_env: Any, library: SkillLibrary, names: Sequence[str]) 
     return skill_env.conditions([library[n] for n in names]) if names else None
 
 
+def each_holds(q: jax.Array, conditions: Conditions) -> jax.Array:
+    """bool[K]: each row of the [K, C] `conditions` holds for the quantity vector `q`."""
+    return jax.vmap(conditions_hold, in_axes=(None, 0))(q, conditions)
+
+
 def option_holds(q: jax.Array, options: Options) -> jax.Array:
     """bool[K]: each option's skill conditions hold for the quantity vector `q`."""
-    return jax.vmap(conditions_hold, in_axes=(None, 0))(q, options.success)
+    return each_holds(q, options.success)
 
 
 def acting_rows(q: jax.Array, options: Options) -> jax.Array:
@@ -177,7 +182,7 @@ class ManagerEnv(Environment):
         allowed = mask & (jnp.arange(free.shape[0]) >= params.options.plan_len.shape[0]) if self.closed else mask
         obs = {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
         if params.features is not None:  # the skills still to do, as inputs
-            obs["features"] = ~jax.vmap(conditions_hold, in_axes=(None, 0))(q, params.features)
+            obs["features"] = ~each_holds(q, params.features)
         return obs
 
     def reset(self, key: jax.Array, params: ManagerParams):
@@ -266,14 +271,15 @@ class ManagerPolicy:
         self.dispatch, self.greedy_experts, self.closed = dispatch, greedy_experts, closed
 
     @staticmethod
-    def _features(x: jax.Array, obs: dict) -> jax.Array:
-        """The networks' input: the observation, the open choices, running, and `features` if given."""
+    def _inputs(obs: dict) -> tuple[jax.Array, jax.Array]:
+        """(the flat observation [N, O] the experts read, the networks' input [N, D]: that observation,
+        the open choices, running, and `features` if the env gives them)."""
+        x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
         extra = [obs["choices"], obs["running"][:, None]] + ([obs["features"]] if "features" in obs else [])
-        return jnp.concatenate([x, *(e.astype(x.dtype) for e in extra)], axis=-1)
+        return x, jnp.concatenate([x, *(e.astype(x.dtype) for e in extra)], axis=-1)
 
     def init(self, key: jax.Array, obs: dict) -> dict:
-        din = int(np.prod(obs["obs"].shape[1:])) + self.num_choices + 1
-        din += obs["features"].shape[-1] if "features" in obs else 0
+        din = int(jax.eval_shape(self._inputs, obs)[1].shape[-1])
         k_actor, k_critic = jax.random.split(key)
         hidden = [self.hidden_size] * self.num_layers
         return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
@@ -283,8 +289,7 @@ class ManagerPolicy:
     def apply(self, variables: dict, obs: dict):
         act = ACTIVATIONS[self.activation]
         params, bank = variables["params"], variables["experts"]["actor"]
-        x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
-        features = self._features(x, obs)
+        x, features = self._inputs(obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         # run only when an action is sampled; never while the skills are closed
@@ -429,6 +434,6 @@ class ManagedAgent:
 
 
 __all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
-           "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_features", "build_options",
+           "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_features", "build_options", "each_holds",
            "feature_skills", "load_manager", "manager_skills", "option_bank_names", "option_holds", "save_manager",
            "with_skill_prior"]
