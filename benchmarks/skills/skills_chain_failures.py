@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxrl_hier.config import load_config
+from jaxrl_hier.envs import reset_many
 from jaxrl_hier.envs.builtin import techtree as tt
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composed import build_composition, choose_target, episode_limit, load_run
@@ -63,7 +64,7 @@ def main() -> None:
 
     def play(key):
         k0, key = jax.random.split(key)
-        obs, state = jax.vmap(base.reset, in_axes=(0, None))(jax.random.split(k0, n), params)
+        obs, state = reset_many(base, params, jax.random.split(k0, n))
 
         def step(carry, _):
             obs, state, key = carry

@@ -45,6 +45,7 @@ import numpy as np
 
 from jaxrl_hier.bench import device_info, random_rollout, time_compiled, timed_chained
 from jaxrl_hier.config import ConfigError, load_config, resolve_config
+from jaxrl_hier.envs import reset_many
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.config import SkillsConfig
@@ -122,7 +123,7 @@ def policy_parts(trainer: SkillTrainer, flat_ppo, flat_runner, library, name: st
     flat_params = jax.tree.map(lambda x: x[0], flat_runner.train_state.params)  # seed axis of 1
 
     def observations(n: int, k: jax.Array) -> dict:
-        obs, _ = jax.vmap(trainer.env.reset, in_axes=(0, None))(jax.random.split(k, n), params_env)
+        obs, _ = reset_many(trainer.env, params_env, jax.random.split(k, n))
         # Rows spread over every expert of the plan and the new one, as a deep skill's rollout has them.
         return {**obs, "expert": jax.random.randint(k, (n,), 0, plan_len + 1).astype(obs["expert"].dtype)}
 

@@ -3,6 +3,6 @@
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.registry import list_envs, make
 from jaxrl_hier.envs.spaces import Box, Discrete
-from jaxrl_hier.envs.vec import RESET_MODES, VecEnv, VecState, make_vec_env
+from jaxrl_hier.envs.vec import RESET_MODES, VecEnv, VecState, make_vec_env, reset_many
 
-__all__ = ["Box", "Discrete", "Environment", "RESET_MODES", "VecEnv", "VecState", "list_envs", "make", "make_vec_env"]
+__all__ = ["Box", "Discrete", "Environment", "RESET_MODES", "VecEnv", "VecState", "list_envs", "make", "make_vec_env", "reset_many"]

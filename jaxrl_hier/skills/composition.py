@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrl_hier.envs.vec import reset_many
 from jaxrl_hier.skills.env import Conditions
 from jaxrl_hier.skills.moe import stack_experts
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
@@ -104,7 +105,7 @@ def play_episodes(base, base_params: Any, act, watch, key: jax.Array, episodes: 
     label in [0, num_labels) (what acted: a plan position, an option) counted per step. Traceable
     (jit it)."""
     k_reset, key = jax.random.split(key)
-    obs, state = jax.vmap(base.reset, in_axes=(0, None))(jax.random.split(k_reset, episodes), base_params)
+    obs, state = reset_many(base, base_params, jax.random.split(k_reset, episodes))
     held = watch(state)
     stats = EpisodeStats(jax.vmap(base.achievements)(state), jnp.zeros(episodes), jnp.zeros(episodes, jnp.int32),
                          held, jnp.where(held, 0, -1), jnp.zeros((episodes, num_labels), jnp.int32))

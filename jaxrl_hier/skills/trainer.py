@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
+from jaxrl_hier.envs.vec import reset_many
 from jaxrl_hier.runs import is_primary, sync_processes
 from jaxrl_hier.skills.config import SkillsConfig
 from jaxrl_hier.skills.env import SkillEnv
@@ -213,7 +214,7 @@ class SkillTrainer:
         most `horizon` steps."""
         n = self.config.ppo_config().num_envs
         k_reset, k_steps = jax.random.split(key)
-        obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(jax.random.split(k_reset, n), env_params)
+        obs, state = reset_many(self.env, env_params, jax.random.split(k_reset, n))
 
         def step(carry, k):
             obs, state, ended, success, reached = carry
