@@ -88,3 +88,25 @@ def test_skills_vs_ppo_table_puts_a_manager_variant_beside_the_others():
     # a flat-PPO-only control (--ppo-budget): one agent, no skills rows
     alone = skills_vs_ppo.table({**results, "runs": [{"seed": 0, "ppo": run["ppo"]}]}, ["collect_wood"])
     assert "| score (% of max) | 25.0 | 25.0 |" in alone and "skills run" not in alone and "composed" not in alone
+
+
+def test_skills_vs_ppo_seeds_share_one_compilation_cache(monkeypatch, tmp_path):
+    """Each seed's skills run is a process of its own: it gets the benchmark's cache directory, so the
+    seeds after the first load the programs the first compiled."""
+    from types import SimpleNamespace
+
+    from benchmarks.skills import skills_vs_ppo
+    from jaxrl_hier.runs import use_compilation_cache
+
+    cache = use_compilation_cache(tmp_path)  # what main() sets up (the suite's own directory wins)
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(cmd=cmd, env=kw["env"])
+        return SimpleNamespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(skills_vs_ppo.subprocess, "run", fake_run)
+    args = SimpleNamespace(out=tmp_path, config="c.yaml", overrides=[])
+    out, _ = skills_vs_ppo.run_skills(args, 1)
+    assert out == tmp_path / "skills_seed1" and "seed=1" in seen["cmd"]
+    assert seen["env"]["JAX_COMPILATION_CACHE_DIR"] == str(cache)
