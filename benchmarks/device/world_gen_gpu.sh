@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Are fresh Craftax worlds generated in one batch right on this GPU, and what does each cost?
+# Are fresh Craftax worlds generated in one batch right on the GPU it runs on, and what does each cost?
 # (benchmarks/ppo/world_gen.py.) On XLA:CPU with jax 0.10.2 a vmapped batch of more than 8
 # Craftax-Classic resets gave world i + 8 the terrain noise of world i, so jaxrl_hier.envs.reset_many
 # generates worlds 8 at a time there and the whole batch at once elsewhere; this script checks that

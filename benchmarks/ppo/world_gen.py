@@ -31,7 +31,7 @@ from jaxrl_hier.bench import device_info, time_compiled
 from jaxrl_hier.envs import make, reset_many
 from jaxrl_hier.envs.vec import CPU_RESET_BLOCK
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
-from jaxrl_hier.logging.plots import save_figure
+from jaxrl_hier.logging.plots import pyplot, save_figure
 
 
 def leaves(state) -> list[np.ndarray]:
@@ -90,11 +90,7 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     blocks = [r["block"] for r in result["blocks"]]
     for setting, label in (("alone", "alone"), ("seed_vmap", "under a seed vmap")):
