@@ -106,7 +106,7 @@ def test_skills_vs_ppo_seeds_share_one_compilation_cache(monkeypatch, tmp_path):
         return SimpleNamespace(returncode=0, stderr="")
 
     monkeypatch.setattr(skills_vs_ppo.subprocess, "run", fake_run)
-    args = SimpleNamespace(out=tmp_path, config="c.yaml", overrides=[])
+    args = SimpleNamespace(out=tmp_path, config="c.yaml", overrides=[], xla_cache=cache)
     out, _ = skills_vs_ppo.run_skills(args, 1)
     assert out == tmp_path / "skills_seed1" and "seed=1" in seen["cmd"]
     assert seen["env"]["JAX_COMPILATION_CACHE_DIR"] == str(cache)

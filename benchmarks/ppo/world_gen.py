@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxrl_hier.bench import device_info, time_compiled
 from jaxrl_hier.envs import make, reset_many
-from jaxrl_hier.envs.vec import CPU_RESET_BLOCK
+from jaxrl_hier.envs.vec import default_reset_block
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.logging.plots import pyplot, save_figure
 
@@ -126,9 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     alone = jax.jit(lambda k: env.reset(k, params)[1])
     worlds = [leaves(alone(k)) for k in keys]
     reference = [np.stack(leaf) for leaf in zip(*worlds)]
-    block = CPU_RESET_BLOCK if jax.default_backend() == "cpu" else 0
     result = {"env": args.env, "worlds": args.worlds, "seed": args.seed, "device": device_info(),
-              "reset_many_block": block, "blocks": []}
+              "reset_many_block": default_reset_block(), "blocks": []}
     args.out.mkdir(parents=True, exist_ok=True)
     for b in sorted(set(args.blocks)):
         result["blocks"].append(measure(env, params, keys, b, reference, args.repeats))

@@ -107,8 +107,7 @@ def run_skills(args, seed: int) -> tuple[Path, float]:
     out = args.out / f"skills_seed{seed}"
     cmd = [sys.executable, "-m", "jaxrl_hier.skills", "run", "--config", args.config, "--output-dir", str(out),
            "--no-progress", f"seed={seed}", "eval_episodes=0", *args.overrides]
-    cache = jax.config.jax_compilation_cache_dir  # the seeds' shared cache (main)
-    env = {**os.environ, **({"JAX_COMPILATION_CACHE_DIR": str(cache)} if cache else {})}
+    env = {**os.environ, **({"JAX_COMPILATION_CACHE_DIR": str(args.xla_cache)} if args.xla_cache else {})}
     t0 = time.perf_counter()
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -366,7 +365,7 @@ def main(argv=None) -> int:
     if not (args.config and args.out):
         sys.exit("give --config and --out (or --throughput RUN)")
     args.out.mkdir(parents=True, exist_ok=True)
-    use_compilation_cache(args.out)  # shared by every seed's skills run and flat PPO
+    args.xla_cache = use_compilation_cache(args.out)  # shared by every seed's skills run and flat PPO
     config = load_config(SkillsConfig, args.config, args.overrides)
     catalog = check_config(config)
     base, base_params = config.make_env()

@@ -43,8 +43,8 @@ skills in one program ran slower than one after another). Only axes whose instan
 together belong there (the seed axis: every device holds every seed), so results still do not
 depend on how env shards are grouped on devices.
 
-Fresh worlds come from `reset_many`, the one place that vmaps an env's `reset` (the trainers'
-evaluations use it too). On XLA:CPU it generates them 8 to a row of a [n / 8, 8] double vmap:
+Fresh worlds come from `reset_many`: the vec env's, the trainers' evaluations' and every agent's
+evaluation's. On XLA:CPU it generates them 8 to a row of a [n / 8, 8] double vmap:
 with jax 0.10.2 on a 2-core AMD EPYC, one flat vmapped batch of more than 8 Craftax-Classic resets
 in a program of its own gave world i + 8 the terrain noise of world i (of 128 worlds from 128 keys, 8
 matched the world their key makes alone); the double vmap gives every key its own world, and cost
@@ -72,12 +72,17 @@ RESET_MODES = ("auto", "optimistic", "pool", "none")
 CPU_RESET_BLOCK = 8
 
 
+def default_reset_block() -> int:
+    """`reset_many`'s block on this backend: 8 on XLA:CPU, 0 (one vmap of them all) elsewhere."""
+    return CPU_RESET_BLOCK if jax.default_backend() == "cpu" else 0
+
+
 def reset_many(env: Any, params: Any, keys: jax.Array, block: int | None = None) -> tuple[Any, Any]:
     """(obs, state) of one fresh world per key (`keys` [n]), each the world `env.reset(key, params)`
     makes alone. `block`: worlds vmapped together in the inner of two vmaps ([n // block, block],
-    the remainder apart); None: 8 on XLA:CPU, 0 (one vmap of them all) elsewhere."""
+    the remainder apart); None: `default_reset_block()`."""
     if block is None:
-        block = CPU_RESET_BLOCK if jax.default_backend() == "cpu" else 0
+        block = default_reset_block()
     reset = jax.vmap(env.reset, in_axes=(0, None))
     n = keys.shape[0]
     if not block or n <= block:
