@@ -1,12 +1,15 @@
 """benchmarks/skills/generalist_alone.py end to end on a tiny TechTree config: the manager's network
 trained with its skills closed (and the library's conditions as inputs, `manager.features`), then
-played from validation and test worlds; a manager section it cannot use exits 2."""
+played from validation and test worlds; a manager section it cannot use exits 2; a killed run resumes
+to the same numbers."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.skills import generalist_alone  # noqa: E402
@@ -41,3 +44,43 @@ def test_a_manager_without_base_actions_exits_2(tmp_path, capsys):
     assert generalist_alone.main(argv) == 2
     assert "take base actions (primitives: true)" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_killed_generalist_resumes_to_the_same_numbers_and_a_used_directory_is_refused(tmp_path, monkeypatch,
+                                                                                         capsys):
+    (tmp_path / "c.yaml").write_text(CONFIG)
+    argv = ["--config", str(tmp_path / "c.yaml"), "--budget", "200", "--episodes", "4", "--validation-episodes", "3",
+            "--checkpoint-every", "1", "--no-progress"]
+    assert generalist_alone.main([*argv, "--out", str(tmp_path / "straight")]) == 0
+
+    train, calls = generalist_alone.ManagerTrainer.train, []
+
+    def killed_in_third_chunk(self, runner):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # a kill after two chunks were checkpointed
+        return train(self, runner)
+
+    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", killed_in_third_chunk)
+    killed = ["--out", str(tmp_path / "killed")]
+    with pytest.raises(KeyboardInterrupt):
+        generalist_alone.main([*argv, *killed])
+    assert not (tmp_path / "killed" / "generalist_alone.json").exists()
+    assert generalist_alone.main([*argv, *killed]) == 2  # a fresh command refuses the run's directory
+    assert "already holds an earlier run" in capsys.readouterr().err
+    resumed_calls = []
+
+    def counted(self, runner):
+        resumed_calls.append(1)
+        return train(self, runner)
+
+    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", counted)
+    assert generalist_alone.main([*argv, *killed, "--resume"]) == 0
+    assert len(resumed_calls) == 1  # only the third chunk: the first two came from the checkpoint
+
+    straight, resumed = (json.loads((tmp_path / d / "generalist_alone.json").read_text()) for d in ("straight", "killed"))
+    assert [c["episode_return"] for c in resumed["curve"]] == [c["episode_return"] for c in straight["curve"]]
+    for split in ("validation", "test"):
+        for mode in ("sampled", "greedy"):
+            assert resumed[split][mode]["achievements"] == straight[split][mode]["achievements"]
+            assert resumed[split][mode]["mean_return"] == straight[split][mode]["mean_return"]

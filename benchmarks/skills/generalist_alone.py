@@ -15,7 +15,11 @@ manager stage add.
 
 No skill is trained: the experts the closed options would route to are never run, so their bank
 holds zeros. Writes `DIR/generalist_alone.json` (settings, device, training curve, wall time, and the
-sampled and greedy reports on the validation and test worlds).
+sampled and greedy reports on the validation and test worlds). Training is a resumable run
+(`jaxrl_hier.runs.ResumableRun`): the runner under `DIR/checkpoints/` every `--checkpoint-every`
+chunks and at the end, one row a chunk in `DIR/metrics.jsonl`; after a kill, the same command with
+`--resume` goes on from the last checkpoint to the same numbers, and a fresh command refuses a
+directory that holds a run.
 """
 
 from __future__ import annotations
@@ -30,8 +34,10 @@ import jax
 import numpy as np
 
 from jaxrl_hier.bench import device_info
-from jaxrl_hier.config import load_config
+from jaxrl_hier.config import ConfigError, load_config
 from jaxrl_hier.io import atomic_write_json
+from jaxrl_hier.logging.metrics import read_jsonl
+from jaxrl_hier.runs import ResumableRun, refuse_existing_run
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.composition import episode_limit, play_both_modes
 from jaxrl_hier.skills.composed import summarize
@@ -43,7 +49,10 @@ from jaxrl_hier.skills.trainer import skill_env_and_policy
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="a skills config with a manager section")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", "--output-dir", dest="out", type=Path, required=True)
+    p.add_argument("--resume", action="store_true", help="go on from the run in --out (after a kill)")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="chunks between checkpoints")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--budget", type=int, required=True, help="env steps (rounded down to whole chunks)")
     p.add_argument("--anneal-start", type=float, default=0.0,
@@ -73,16 +82,34 @@ def main(argv=None) -> int:
     env, base_params, policy = skill_env_and_policy(config, library)
     obs_dim = int(np.prod(env.base.observation_space(base_params).shape))
     zeros = {d: policy.expert_zeros(obs_dim) for s in names for d in (*library.closure(s), s)}
+    if not args.resume:
+        try:
+            refuse_existing_run(args.out)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     trainer = ManagerTrainer(config, env, base_params, library, zeros, names, closed=True, ppo=ppo)
     runner = trainer.init(jax.random.PRNGKey(args.seed))
-    curve, wall, first = [], 0.0, None
-    for i in range(chunks):
-        runner, record, seconds = trainer.train(runner)
-        wall += seconds
-        first = seconds if first is None else first
-        curve.append({"env_steps": (i + 1) * chunk, "episode_return": record.get("episode_return"),
-                      "wall_s": wall})
-        print(f"chunk {i + 1}/{chunks}: return {record.get('episode_return')}", flush=True)
+    meta = {"config": str(args.config), "overrides": list(args.overrides), "seed": args.seed, "chunks": chunks,
+            "anneal_start": args.anneal_start}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ResumableRun(args.out / "checkpoints", meta, keep=2, every=args.checkpoint_every, total=chunks,
+                      resume=args.resume) as run:
+        runner, _ = run.restore(runner)
+        writer = run.log(args.out)
+
+        def chunk_step(runner, done):
+            runner, record, seconds = trainer.train(runner)
+            writer.write({"update": done + 1, "env_steps": (done + 1) * chunk,
+                          "episode_return": record.get("episode_return"), "chunk_s": seconds})
+            return runner, 1, {"return": record.get("episode_return")}
+
+        runner, _ = run.run_steps(args, runner, total=chunks, desc="generalist", step=chunk_step)
+    rows = read_jsonl(args.out / "metrics.jsonl")
+    wall = sum(r["chunk_s"] for r in rows)
+    first = rows[0]["chunk_s"] if rows else None
+    curve = [{"env_steps": r["env_steps"], "episode_return": r["episode_return"],
+              "wall_s": sum(q["chunk_s"] for q in rows[:i + 1])} for i, r in enumerate(rows)]
     agent = ManagedAgent(trainer)
     managed = agent.managed(trainer, trainer.result(runner)["manager"], env.conditions([library[s] for s in names]))
     base = env.base
@@ -90,7 +117,8 @@ def main(argv=None) -> int:
     max_steps = episode_limit(base_params)
     out = {"config": args.config, "overrides": args.overrides, "seed": args.seed, "skills": names,
            "env_steps": chunks * chunk, "ppo": dataclasses.asdict(ppo), "device": device_info(),
-           "train_wall_s": wall, "first_chunk_s": first, "curve": curve}
+           "train_wall_s": wall, "first_chunk_s": first, "curve": curve,
+           "resumed": args.resume}
     for split, seed, episodes in (("validation", args.validation_worlds_seed, args.validation_episodes),
                                   ("test", args.worlds_seed, args.episodes)):
         out[split] = {"worlds_seed": seed + args.seed, "episodes": episodes}
@@ -99,7 +127,6 @@ def main(argv=None) -> int:
             jax.random.key(seed + args.seed)))
         print(f"{split}: score {out[split]['sampled']['score_percent_of_max']:.1f}% sampled, "
               f"{out[split]['greedy']['score_percent_of_max']:.1f}% greedy", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "generalist_alone.json", out)
     return 0
 
