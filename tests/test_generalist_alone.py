@@ -53,15 +53,17 @@ def test_a_killed_generalist_resumes_to_the_same_numbers_and_a_used_directory_is
             "--checkpoint-every", "1", "--no-progress"]
     assert generalist_alone.main([*argv, "--out", str(tmp_path / "straight")]) == 0
 
-    train, calls = generalist_alone.ManagerTrainer.train, []
+    train = generalist_alone.ManagerTrainer.train
 
-    def killed_in_third_chunk(self, runner):
-        calls.append(1)
-        if len(calls) == 3:
-            raise KeyboardInterrupt  # a kill after two chunks were checkpointed
-        return train(self, runner)
+    def counted(calls, kill_at=None):
+        def wrapped(self, runner):
+            calls.append(1)
+            if len(calls) == kill_at:
+                raise KeyboardInterrupt  # a kill after the chunks before it were checkpointed
+            return train(self, runner)
+        return wrapped
 
-    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", killed_in_third_chunk)
+    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", counted([], kill_at=3))
     killed = ["--out", str(tmp_path / "killed")]
     with pytest.raises(KeyboardInterrupt):
         generalist_alone.main([*argv, *killed])
@@ -69,12 +71,7 @@ def test_a_killed_generalist_resumes_to_the_same_numbers_and_a_used_directory_is
     assert generalist_alone.main([*argv, *killed]) == 2  # a fresh command refuses the run's directory
     assert "already holds an earlier run" in capsys.readouterr().err
     resumed_calls = []
-
-    def counted(self, runner):
-        resumed_calls.append(1)
-        return train(self, runner)
-
-    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", counted)
+    monkeypatch.setattr(generalist_alone.ManagerTrainer, "train", counted(resumed_calls))
     assert generalist_alone.main([*argv, *killed, "--resume"]) == 0
     assert len(resumed_calls) == 1  # only the third chunk: the first two came from the checkpoint
 

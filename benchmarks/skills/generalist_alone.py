@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import sys
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def main(argv=None) -> int:
         print("error: the config's manager section must name its skills and take base actions (primitives: true)",
               file=sys.stderr)
         return 2
+    if not args.resume:
+        try:
+            refuse_existing_run(args.out)
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     chunk = config.updates_per_round * config.steps_per_update
     chunks = args.budget // chunk
     ppo = dataclasses.replace(config.manager_ppo_config(closed=True), anneal_lr=True, anneal_start=args.anneal_start,
@@ -82,12 +89,6 @@ def main(argv=None) -> int:
     env, base_params, policy = skill_env_and_policy(config, library)
     obs_dim = int(np.prod(env.base.observation_space(base_params).shape))
     zeros = {d: policy.expert_zeros(obs_dim) for s in names for d in (*library.closure(s), s)}
-    if not args.resume:
-        try:
-            refuse_existing_run(args.out)
-        except ConfigError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
     trainer = ManagerTrainer(config, env, base_params, library, zeros, names, closed=True, ppo=ppo)
     runner = trainer.init(jax.random.PRNGKey(args.seed))
     meta = {"config": str(args.config), "overrides": list(args.overrides), "seed": args.seed, "chunks": chunks,
@@ -106,10 +107,10 @@ def main(argv=None) -> int:
 
         runner, _ = run.run_steps(args, runner, total=chunks, desc="generalist", step=chunk_step)
     rows = read_jsonl(args.out / "metrics.jsonl")
-    wall = sum(r["chunk_s"] for r in rows)
-    first = rows[0]["chunk_s"] if rows else None
-    curve = [{"env_steps": r["env_steps"], "episode_return": r["episode_return"],
-              "wall_s": sum(q["chunk_s"] for q in rows[:i + 1])} for i, r in enumerate(rows)]
+    walls = list(itertools.accumulate(r["chunk_s"] for r in rows))
+    curve = [{"env_steps": r["env_steps"], "episode_return": r["episode_return"], "wall_s": w}
+             for r, w in zip(rows, walls)]
+    wall, first = (walls[-1], rows[0]["chunk_s"]) if rows else (0.0, None)
     agent = ManagedAgent(trainer)
     managed = agent.managed(trainer, trainer.result(runner)["manager"], env.conditions([library[s] for s in names]))
     base = env.base
