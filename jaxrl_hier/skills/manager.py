@@ -355,7 +355,10 @@ class ManagerTrainer(PPOStage):
         prior = self.config.manager.skill_prior
         if prior and not self.env.closed:
             params = with_skill_prior(self.policy, params, runner.extra_variables, runner.obs, prior)
-        return runner.replace(train_state=runner.train_state.replace(params=params))
+        runner = runner.replace(train_state=runner.train_state.replace(params=params))
+        # laid out as PPO.init lays out its runner: jit caches on the exact sharding, and parameters
+        # without one would compile the stage's program again for its second chunk (on Craftax 100 s)
+        return jax.device_put(runner, self.ppo.shardings(runner))
 
     def params_like(self) -> dict:
         """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""

@@ -218,6 +218,24 @@ def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
     assert shares[0.0] < 0.01 and shares[0.3] == pytest.approx(0.3, abs=0.02)
 
 
+def test_a_manager_started_from_the_generalist_compiles_its_chunk_once():
+    """The scheduler starts the manager stage from the generalist's saved (host) parameters; they are
+    laid out as PPO.init lays out the rest, so the second chunk reuses the first chunk's program."""
+    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "primitives": True, "generalist_timesteps": 64}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood"]
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in option_bank_names(lib, names)}
+    fresh = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
+    start = fresh.params_like()["manager"]
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, start=start)
+    runner = trainer.init(jax.random.key(0))  # not jitted, as the scheduler calls it
+    for _ in range(2):
+        runner, _, _ = trainer.train(runner)
+    assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1
+
+
 def variables_of(runner) -> dict:
     """The frozen collections (the expert bank) of a one-seed runner."""
     return jax.tree.map(lambda x: x[0], runner.extra_variables)
