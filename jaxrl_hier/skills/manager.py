@@ -347,17 +347,16 @@ class ManagerTrainer(PPOStage):
         super().__init__(config, ppo, env, params, policy)
 
     def init(self, key: jax.Array) -> Any:
-        runner = super().init(key)
-        if self.start is None:
-            return runner
-        # the optimiser's state stays fresh: Adam's moments are zeros whatever the parameters
-        params = jax.tree.map(lambda x, like: jnp.asarray(x, like.dtype)[None], self.start, runner.train_state.params)
+        # From `start` PPO.init lays the parameters out on the mesh like the rest of the runner (jit
+        # caches on the exact sharding); the optimiser's state is fresh either way.
+        runner = self.ppo.init(key, params=self.start)
         prior = self.config.manager.skill_prior
-        if prior and not self.env.closed:
-            params = with_skill_prior(self.policy, params, runner.extra_variables, runner.obs, prior)
+        if self.start is None or not prior or self.env.closed:
+            return runner
+        params = with_skill_prior(self.policy, runner.train_state.params, runner.extra_variables, runner.obs, prior)
         runner = runner.replace(train_state=runner.train_state.replace(params=params))
-        # laid out as PPO.init lays out its runner: jit caches on the exact sharding, and parameters
-        # without one would compile the stage's program again for its second chunk (on Craftax 100 s)
+        # the prior's update runs outside PPO's program: put back on PPO's layout, or the stage's
+        # program would compile again for its second chunk (on Craftax 100 s)
         return jax.device_put(runner, self.ppo.shardings(runner))
 
     def params_like(self) -> dict:
