@@ -54,6 +54,9 @@ from jaxrl_hier.config import ConfigError
 from jaxrl_hier.networks import make_network
 
 DATA_AXIS = "data"
+# The vmapped axes a rollout step runs under (seeds, env shards of a device): a network whose forward
+# branches on its batch reduces the branch index over them (`jaxrl_hier.parallel`).
+ROLLOUT_AXES = ("seed", "shard")
 
 
 def resolve_devices(config: PPOConfig) -> tuple[int, int]:
@@ -274,7 +277,7 @@ class PPO:
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
         """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
         c = self.config
-        vec = self.vec_env(runner.env_params, sync_axes=("seed", "shard"), share_axes=("seed",))
+        vec = self.vec_env(runner.env_params, sync_axes=ROLLOUT_AXES, share_axes=("seed",))
         params, extra = runner.train_state.params, runner.extra_variables
 
         def final_value(hidden, final_obs, truncated):

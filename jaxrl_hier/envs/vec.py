@@ -63,6 +63,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxrl_hier.config import ConfigError
+from jaxrl_hier.parallel import max_over_axes
 
 RESET_MODES = ("auto", "optimistic", "pool", "none")
 
@@ -154,10 +155,7 @@ class VecEnv:
     def any_over_axes(self, pred: jax.Array, axes: tuple[str, ...] | None = None) -> jax.Array:
         """`pred` reduced over the caller's vmapped axes (default: `sync_axes`, so that lax.cond
         stays a real branch)."""
-        pred = pred.astype(jnp.int32)
-        for axis in self.sync_axes if axes is None else axes:
-            pred = jax.lax.pmax(pred, axis)
-        return pred > 0
+        return max_over_axes(pred.astype(jnp.int32), self.sync_axes if axes is None else axes) > 0
 
     # ------------------------------------------------------------------ API
     def reset(self, key: jax.Array) -> tuple[Any, VecState]:

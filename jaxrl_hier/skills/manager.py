@@ -51,6 +51,7 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -60,13 +61,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxrl_hier.algorithms.ppo import ROLLOUT_AXES
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.spaces import Discrete
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
 from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route
-from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply, stack_experts
+from jaxrl_hier.skills.moe import (init_mlp, mixture_apply_active, mixture_apply_gather, mixture_apply_mask, mlp_apply,
+                                   stack_experts)
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 from jaxrl_hier.skills.trainer import load_expert, save_expert
@@ -225,7 +228,8 @@ class OptionPolicy:
     `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics.
     Choices from `num_skills` on are the manager's own base actions (`primitives`)."""
 
-    def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable[[jax.Array], jax.Array] | None,
+    def __init__(self, logits: jax.Array, rows: jax.Array,
+                 expert_logits: Callable[[jax.Array, jax.Array], jax.Array] | None,
                  num_actions: int, num_skills: int, greedy_experts: bool = False):
         self.logits, self.rows, self.expert_logits = logits, rows, expert_logits
         self.num_actions, self.num_skills, self.greedy_experts = num_actions, num_skills, greedy_experts
@@ -237,7 +241,7 @@ class OptionPolicy:
             base = own
         else:
             row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
-            logits = self.expert_logits(row)
+            logits = self.expert_logits(row, option < self.num_skills)  # experts run on skill rows only
             base = jnp.argmax(logits, axis=-1) if key is None else jax.random.categorical(key, logits)
             base = jnp.where(option >= self.num_skills, own, base)
         return (option * self.num_actions + base).astype(jnp.int32)
@@ -264,11 +268,12 @@ class ManagerPolicy:
 
     def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
                  num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False,
-                 closed: bool = False):
+                 closed: bool = False, sync_axes: tuple[str, ...] = ()):
         # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
         self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
         self.dispatch, self.greedy_experts, self.closed = dispatch, greedy_experts, closed
+        self.sync_axes = sync_axes  # the mapped axes it acts under (`skills.moe.mixture_apply_active`)
 
     @staticmethod
     def _inputs(obs: dict) -> tuple[jax.Array, jax.Array]:
@@ -293,7 +298,8 @@ class ManagerPolicy:
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
         # run only when an action is sampled; never while the skills are closed
-        expert_logits = None if self.closed else lambda rows: mix(bank, x, rows, act)  # noqa: E731
+        expert_logits = None if self.closed else partial(mixture_apply_active, bank, x, act=act, mix=mix,
+                                                         sync_axes=self.sync_axes)
         value = mlp_apply(params["critic"], features, act)[:, 0]
         return (OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.num_skills,
                              self.greedy_experts), value)
@@ -343,7 +349,7 @@ class ManagerTrainer(PPOStage):
                                build_features(skill_env, library, self.features))
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
                                env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                               config.manager.dispatch, config.manager.greedy_experts, closed)
+                               config.manager.dispatch, config.manager.greedy_experts, closed, ROLLOUT_AXES)
         super().__init__(config, ppo, env, params, policy)
 
     def init(self, key: jax.Array) -> Any:

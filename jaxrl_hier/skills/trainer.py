@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_hier.algorithms.ppo import ROLLOUT_AXES, make_train
 from jaxrl_hier.checkpointing.checkpoints import Checkpointer, CheckpointError
 from jaxrl_hier.envs.vec import reset_many
 from jaxrl_hier.runs import is_primary, sync_processes
@@ -72,8 +73,6 @@ class SkillTrainer:
     """Slots of concurrently trained skills on top of `algorithms.ppo`."""
 
     def __init__(self, config: SkillsConfig, catalog: SkillLibrary):
-        from jaxrl_hier.algorithms.ppo import make_train
-
         self.config = config
         self.env, self.base_params, self.policy = skill_env_and_policy(config, catalog)
         base, base_params = self.env.base, self.base_params
@@ -85,7 +84,9 @@ class SkillTrainer:
         self._ckpt: Checkpointer | None = None
         self._obs_dim = int(np.prod(base.observation_space(base_params).shape))
         self.eval_steps = ppo_config.num_steps * config.updates_per_round
-        self._eval = jax.jit(jax.vmap(self._greedy_eval, in_axes=(0, 0, 0, 0, None)), static_argnums=4)
+        # Named like PPO's seed axis, so the policy's row-count branch stays a branch here too.
+        self._eval = jax.jit(jax.vmap(self._greedy_eval, in_axes=(0, 0, 0, 0, None), axis_name="seed"),
+                             static_argnums=4)
         # Jitted once here: a jax.jit made inside a method call is a new function each time, and
         # compiles again on every skill start (minutes on a loaded 2-core CPU).
         self._select = jax.jit(_select, static_argnums=2)
@@ -272,7 +273,7 @@ def skill_env_and_policy(config: SkillsConfig, catalog: SkillLibrary) -> tuple[S
                    config.restart_prob, config.max_attempt_steps)
     ppo = config.ppo_config()
     policy = MoEPolicy(base.action_space(base_params).n, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                       config.max_experts, config.moe_dispatch)
+                       config.max_experts, config.moe_dispatch, sync_axes=ROLLOUT_AXES)
     return env, base_params, policy
 
 

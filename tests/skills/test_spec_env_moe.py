@@ -14,7 +14,7 @@ from jaxrl_hier.skills import Condition, Skill, SkillError, SkillLibrary, load_s
 from jaxrl_hier.skills.env import SkillEnv, conditions_hold
 from jaxrl_hier.skills.generators import make_validator
 from jaxrl_hier.skills.library import builtin_library, techtree_library
-from jaxrl_hier.skills.moe import (MoEPolicy, init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply,
+from jaxrl_hier.skills.moe import (MoEPolicy, init_mlp, mixture_apply_active, mixture_apply_gather, mixture_apply_mask, mlp_apply,
                                    stack_experts)
 from jaxrl_hier.skills.trainer import quantities_for
 
@@ -235,6 +235,39 @@ def test_gather_and_mask_mixtures_are_equal(experts, rows):
                                    np.asarray(mixture_apply_mask(bank, x, idx, jnp.tanh)), atol=2e-6)
         one = mixture_apply_gather(bank, x, idx, jnp.tanh, block_size=1)  # any block size
         np.testing.assert_allclose(np.asarray(one), np.asarray(mixture_apply_mask(bank, x, idx, jnp.tanh)), atol=2e-6)
+
+
+def test_active_rows_mixture_equals_every_row_and_branches_for_real_under_a_named_vmap():
+    # The frozen experts run on the rows they act on only (a lax.switch on how many), exactly the
+    # mixture over every row there; under the trainer's named vmap the switch stays a real branch.
+    rows, experts = 64, 9
+    k = jax.random.key(3)
+    bank = stack_experts([init_mlp(jax.random.fold_in(k, i), [12, 16, 16, 5], 1.0) for i in range(experts)])
+    x = jax.random.normal(k, (rows, 12))
+    idx = jax.random.randint(jax.random.fold_in(k, 1), (rows,), 0, experts)
+    order = jax.random.permutation(jax.random.fold_in(k, 2), rows)
+    actives = jnp.stack([order < n for n in (0, 3, 8, 9, 20, 33, 64)])  # every branch, the edges too
+
+    @jax.jit
+    def both(active):
+        every = jnp.where(active[:, None], mixture_apply_mask(bank, x, idx, jnp.tanh), 0.0)
+        return every, {name: mixture_apply_active(bank, x, jnp.where(active, idx, 99), active, jnp.tanh, mix)
+                       for name, mix in (("gather", mixture_apply_gather), ("mask", mixture_apply_mask))}
+
+    for active in actives:
+        every, got = both(active)
+        for out in got.values():
+            np.testing.assert_allclose(np.asarray(out), np.asarray(every), atol=2e-6)
+
+    def instances(axes):
+        return jax.vmap(lambda a: mixture_apply_active(bank, x, idx, a, jnp.tanh, mixture_apply_mask, axes),
+                        axis_name="seed")
+
+    pair = actives[jnp.array([1, 4])]  # 3 and 20 rows: the fuller one picks the branch for both
+    want = np.stack([np.asarray(both(a)[1]["mask"]) for a in pair])
+    np.testing.assert_allclose(np.asarray(instances(("seed", "shard"))(pair)), want, atol=2e-6)
+    assert "cond[" in str(jax.make_jaxpr(instances(("seed", "shard")))(pair))  # unbound "shard" is skipped
+    assert "cond[" not in str(jax.make_jaxpr(instances(()))(pair))  # a batched index: every branch, then select
 
 
 def test_moe_policy_trains_only_the_new_expert():
