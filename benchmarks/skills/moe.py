@@ -11,6 +11,17 @@ Compile time is recorded apart from the best of `--repeats` steady runs.
     python benchmarks/skills/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
 
 Writes `moe.json` (device, versions, records) and `moe.png`.
+
+With `--active` it times instead the rollout's acting forward of a skill with `--experts` frozen
+dependency experts and a new one, as the share of rows the frozen experts act on grows
+(`--shares`, rows picked at random, each routed to a random frozen expert): every expert on every row
+(the bank with the new expert appended, as the policy ran before, beside the new expert's dense pass
+that its log-probs need) against that dense pass plus the frozen experts on their own rows only (`skills.moe.mixture_apply_active`, as
+`MoEPolicy` runs now), for both dispatches. TechTree's shapes:
+
+    python benchmarks/skills/moe.py --active --out DIR --rows 64 --obs-dim 1190 --hidden 64 --actions 10 --experts 8
+
+Writes `moe_active.json` and `moe_active.png`.
 """
 
 from __future__ import annotations
@@ -25,8 +36,8 @@ import jax.numpy as jnp
 
 from jaxrl_hier.bench import device_info, time_compiled
 from jaxrl_hier.io import atomic_write_json
-from jaxrl_hier.skills.moe import (default_block_size, init_mlp, mixture_apply_gather, mixture_apply_mask,
-                                   stack_experts)
+from jaxrl_hier.skills.moe import (default_block_size, init_mlp, mixture_apply_active, mixture_apply_gather,
+                                   mixture_apply_mask, mlp_apply, stack_experts)
 
 DISPATCH = {"gather": mixture_apply_gather, "mask": mixture_apply_mask}
 
@@ -63,6 +74,51 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
     return out
 
 
+def measure_active(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, actions: int, repeats: int,
+                   shares: list[float]) -> list[dict]:
+    key = jax.random.key(experts)
+    sizes = [obs_dim] + [hidden] * layers + [actions]
+    frozen = stack_experts([init_mlp(jax.random.fold_in(key, i), sizes, 0.01) for i in range(experts)])
+    new = init_mlp(jax.random.fold_in(key, 1000), sizes, 0.01)
+    x = jax.random.normal(jax.random.fold_in(key, 1), (rows, obs_dim))
+    out = []
+    for share in shares:
+        k_rows, k_expert = jax.random.split(jax.random.fold_in(key, int(share * 1e6)))
+        is_frozen = jax.random.permutation(k_rows, rows) < round(share * rows)
+        idx = jnp.where(is_frozen, jax.random.randint(k_expert, (rows,), 0, experts), experts)
+        for name, apply in DISPATCH.items():
+            def every_row(new_expert, x, idx, apply=apply):  # and the new expert's own pass (its log-probs)
+                bank = jax.tree.map(lambda f, n: jnp.concatenate([f, n[None]]), frozen, new_expert)
+                return apply(bank, x, idx, jnp.tanh), mlp_apply(new_expert, x, jnp.tanh)
+
+            def active_rows(new_expert, x, idx, apply=apply):
+                routed = mixture_apply_active(frozen, x, idx, idx < experts, jnp.tanh, apply)
+                return jnp.where((idx < experts)[:, None], routed, mlp_apply(new_expert, x, jnp.tanh))
+
+            for form, fn in (("every row", every_row), ("active rows", active_rows)):
+                compile_s, run_s = time_compiled(jax.jit(fn), new, x, idx, repeats=repeats)
+                out.append({"dispatch": name, "form": form, "frozen_share": share, "frozen_rows": int(is_frozen.sum()),
+                            "experts": experts, "rows": rows, "run_s": run_s, "compile_s": compile_s})
+                print(f"share {share:.3f} {name:6s} {form:11s} {run_s * 1e3:8.3f} ms (compile {compile_s:.1f} s)",
+                      flush=True)
+    return out
+
+
+def plot_active(records: list[dict], path: Path, title: str) -> None:
+    from jaxrl_hier.logging.plots import pyplot, save_figure
+
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for name in DISPATCH:
+        for form, style in (("every row", "--"), ("active rows", "-")):
+            pts = sorted((r["frozen_share"], r["run_s"] * 1e3) for r in records
+                         if r["dispatch"] == name and r["form"] == form)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{name}, {form}")
+    ax.set(xlabel="share of rows a frozen expert acts on", ylabel="ms per call", title=title)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
 def plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib.ticker
 
@@ -94,10 +150,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--actions", type=int, default=17)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--active", action="store_true",
+                   help="time the acting forward against the share of rows frozen experts act on (see above)")
+    p.add_argument("--shares", type=float, nargs="+", default=[0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0])
     args = p.parse_args(argv)
     if min(args.experts) < 1 or args.rows < 1:
         print("error: --experts and --rows must be positive", file=sys.stderr)
         return 2
+    if not all(0.0 <= s <= 1.0 for s in args.shares):
+        print("error: --shares must lie between 0 and 1", file=sys.stderr)
+        return 2
+    if args.active:
+        experts = max(args.experts)
+        records = measure_active(experts, args.rows, args.obs_dim, args.hidden, args.layers, args.actions,
+                                 args.repeats, args.shares)
+        info = device_info() | {"rows": args.rows, "obs_dim": args.obs_dim, "hidden": args.hidden,
+                                "layers": args.layers, "actions": args.actions, "frozen_experts": experts}
+        args.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.out / "moe_active.json", {"info": info, "records": records})
+        plot_active(records, args.out / "moe_active.png", f"{info['device']}, {args.rows} rows, {experts} frozen")
+        print(f"wrote {args.out / 'moe_active.json'} and moe_active.png")
+        return 0
     records = []
     for e in args.experts:
         records += measure(e, args.rows, args.obs_dim, args.hidden, args.layers, args.actions, args.repeats)

@@ -24,7 +24,10 @@ in one process, so the ratios come from the same machine state:
 
 The dependencies' experts are random weights: a step's cost does not depend on the weights (the
 mixture's blocks are sized statically, whatever the routing), only on how often dependencies hold,
-which changes a skill env's restarts and resets a little. Writes DIR/skills_speed.json and
+which changes a skill env's restarts and resets a little, and on how many rows the frozen experts act
+on (they run on those rows only, `skills.moe.mixture_apply_active`). Random dependencies rarely hold,
+and `act` spreads its rows over every expert of the plan, so here the frozen experts act on most rows:
+more than in a trained run, whose rounds (`skills_vs_ppo.py --throughput RUN`) give the rate training sees. Writes DIR/skills_speed.json and
 DIR/skills_speed.md after every part (`complete` says whether every part ran); on a 2-core CPU at
 the Craftax-Classic config most of the time is compiling (about 20 programs).
 """
@@ -49,12 +52,23 @@ from jaxrl_hier.envs import reset_many
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
 from jaxrl_hier.skills.cli import check_config
 from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.state import load_state
 from jaxrl_hier.skills.trainer import SkillTrainer, bank_rows
 
 
 def random_experts(trainer: SkillTrainer, names: set[str], key: jax.Array) -> dict:
     return {n: jax.tree.map(np.asarray, trainer.policy.init_expert(jax.random.fold_in(key, i), trainer._obs_dim))
             for i, n in enumerate(sorted(names))}
+
+
+def trained_experts(trainer: SkillTrainer, run_dir: Path, names: set[str]) -> dict:
+    """The experts a skills run completed, for `names` (each must have completed there)."""
+    done = {r.name: r for r in load_state(run_dir).by_status("completed")}
+    missing = sorted(names - set(done))
+    if missing:
+        raise ConfigError(f"--experts-from {run_dir}: {', '.join(missing)} did not complete there; name skills "
+                          f"whose dependencies it completed ({', '.join(sorted(done)) or 'none'}).")
+    return {n: jax.tree.map(np.asarray, trainer.load_expert(run_dir / "skills" / done[n].dirname)) for n in names}
 
 
 def time_rounds(train_round, rounds: int, steps_per_round: int) -> dict:
@@ -182,7 +196,9 @@ def markdown(result: dict) -> str:
     lines = [f"# Skills round profile: {result['env']}", "",
              f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; config `{result['config']}` "
              f"({' '.join(result['overrides']) or 'as shipped'})"
-             + ("." if result["complete"] else "; cut short: the parts measured before it stopped."), "",
+             + ("." if result["complete"] else "; cut short: the parts measured before it stopped.")
+             + (f" Dependencies: the experts of `{result['experts_from']}`." if result.get("experts_from")
+                else " Dependencies: random experts."), "",
              "| program | env steps/s | x flat PPO | round s | first round s |", "|---|---:|---:|---:|---:|"]
     for name, r in result["round"].items():
         lines.append(f"| {name} | {r['steps_per_s']:,.0f} | {r['steps_per_s'] / flat['steps_per_s']:.2f} | "
@@ -214,6 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--together", action="store_true",
                    help="also time the listed skills in one round (one slot each) and the greedy evaluation")
+    p.add_argument("--experts-from", type=Path, metavar="RUN",
+                   help="the dependencies' experts of a skills run (its completed skills) rather than random "
+                        "weights, so that each expert acts on as many rows as in training")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the skills config")
     args = p.parse_args(argv)
     try:
@@ -231,8 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     library = catalog  # a fresh run's skills are the catalog's
     trainer = SkillTrainer(config, catalog)
     names = set().union(*(library.closure(s) for s in args.skills))
-    experts = random_experts(trainer, names, jax.random.key(config.seed))
+    try:
+        experts = (trained_experts(trainer, args.experts_from, names) if args.experts_from
+                   else random_experts(trainer, names, jax.random.key(config.seed)))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     result = {"config": str(args.config), "overrides": args.overrides, "env": config.env, "device": device_info(),
+              "experts_from": str(args.experts_from) if args.experts_from else None,
               "updates_per_round": config.updates_per_round, "skills": args.skills, "complete": False,
               "round": {}, "env_only": {}, "policy": {}}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -205,13 +205,18 @@ def resume_overrides(items: list[str]) -> dict:
     return overrides
 
 
+def saved_config(out: Path, overrides: list[str] | None = None) -> SkillsConfig:
+    """The config a skills run directory was started with (its config.yaml), `overrides` applied."""
+    if not (out / CONFIG_FILE).is_file():
+        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
+    return load_config(SkillsConfig, out / CONFIG_FILE, overrides or [])
+
+
 def cmd_resume(args) -> int:
     out = Path(args.output_dir)
     overrides = resume_overrides(args.overrides)  # refused before anything is read or written
     load_state(out)  # a missing or corrupt state file is refused before anything compiles
-    if not (out / CONFIG_FILE).is_file():
-        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
-    config = load_config(SkillsConfig, out / CONFIG_FILE, overrides)
+    config = saved_config(out, overrides)
     catalog = check_config(config)
     # Written once the run directory is locked, so that later resumes keep the overrides.
     record = (lambda: save_config(config, out / CONFIG_FILE)) if overrides else None
@@ -232,12 +237,10 @@ def cmd_eval(args) -> int:
 
     out = Path(args.output_dir)
     state = load_state(out)
-    if not (out / CONFIG_FILE).is_file():
-        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
+    config = saved_config(out)
     for flag in ("episodes", "max_steps"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {getattr(args, flag)}.")
-    config = load_config(SkillsConfig, out / CONFIG_FILE, [])
     catalog = check_config(config)
     known = set(catalog.names) | {r.name for r in state.skills}
     if args.target is not None and args.target not in known:

@@ -5,6 +5,11 @@ and the scheduler's manager stage after the skills, through a kill in each of it
 
 from __future__ import annotations
 
+import json
+import shutil
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +17,7 @@ import pytest
 from fake_skills_trainer import Crash, ExpertTrainer, RecordingPlanner, config
 
 from jaxrl_hier.algorithms.gae import gae
+from jaxrl_hier.config import save_config
 from jaxrl_hier.logging.metrics import read_jsonl
 from jaxrl_hier.skills import state as state_module
 from jaxrl_hier.skills.cli import main as skills_main
@@ -24,6 +30,9 @@ from jaxrl_hier.skills.scheduler import Scheduler
 from jaxrl_hier.skills.spec import Condition, Skill, SkillError, SkillLibrary
 from jaxrl_hier.skills.state import load_state
 from jaxrl_hier.skills.trainer import skill_env_and_policy
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the benchmark scripts below
 
 PPO = {"num_envs": 8, "num_steps": 4, "num_minibatches": 2, "update_epochs": 1, "hidden_size": 8, "num_layers": 1}
 STAGE = dict(target="make_wood_pickaxe", max_experts=4, updates_per_round=2, eval_episodes=0, ppo=PPO,
@@ -435,6 +444,34 @@ def test_a_kill_between_the_generalist_and_the_manager_then_resume_gives_the_uni
     assert state.generalist == ref_state.generalist and state.manager == ref_state.manager
     for a, b in zip(jax.tree.leaves(manager_params(tmp_path, cfg)), jax.tree.leaves(manager_params(ref_out, cfg))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(generalist_reference, reference,
+                                                                             tmp_path, capsys):
+    from benchmarks.skills import manager_speed
+
+    out, state, cfg = generalist_reference
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    save_config(cfg, run / "config.yaml")  # as `skills run` writes it
+    assert manager_speed.main([str(run), "--out", str(tmp_path / "speed"), "--chunks", "1"]) == 0
+    result = json.loads((tmp_path / "speed" / "manager_speed.json").read_text())
+    assert result["skills"] == state.manager["skills"]
+    assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0 for s in ("generalist", "manager"))
+    assert "| manager |" in (tmp_path / "speed" / "manager_speed.md").read_text()
+    # A run without a generalist stage is refused with the fix, before anything is built or written.
+    assert manager_speed.main([str(reference[0]), "--out", str(tmp_path / "none")]) == 2
+    assert "generalist_timesteps" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp_path, capsys):
+    from benchmarks.skills import skills_speed
+
+    out, _, _ = reference  # collect_wood, place_table and make_wood_pickaxe completed; collect_stone never ran
+    assert skills_speed.main(["--config", str(ROOT / "configs/skills_techtree.yaml"), "--out", str(tmp_path / "o"),
+                              "--skills", "make_stone_pickaxe", "--experts-from", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "collect_stone did not complete there" in err and not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("section, message", [

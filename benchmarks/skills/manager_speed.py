@@ -1,0 +1,98 @@
+"""The manager stage's env steps/s against the generalist's, on a finished skills run.
+
+    python benchmarks/skills/manager_speed.py RUN --out DIR [--chunks 2]
+
+The generalist is the manager's own network trained with its skills closed, so the two stages differ
+only in what the skills' experts cost when the manager chooses a skill (`skills.manager`). Both are
+built from RUN as the scheduler builds them (its config, its completed skills with the chain's tuned
+experts, the manager's skills) and start from RUN's trained parameters (`RUN/manager`,
+`RUN/generalist`), so that the manager chooses its skills as often as it did at the end of training.
+Each stage compiles its chunk program (`updates_per_round` PPO updates) on a first call, then
+`--chunks` more chunks are timed. Writes DIR/manager_speed.json and DIR/manager_speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
+import jax
+
+from jaxrl_hier.bench import device_info
+from jaxrl_hier.config import ConfigError
+from jaxrl_hier.io import atomic_write_json, atomic_write_text
+from jaxrl_hier.skills.cli import check_config, saved_config
+from jaxrl_hier.skills.composed import load_run
+from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager
+from jaxrl_hier.skills.state import load_state
+
+
+def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int) -> dict:
+    """A first (compiling) chunk from `params`, then the median of `chunks` more."""
+    runner = trainer.ppo.init(jax.random.key(seed), params=params)
+    tick = time.perf_counter()
+    runner, _, _ = trainer.train(runner)
+    first = time.perf_counter() - tick
+    times = []
+    for _ in range(chunks):
+        tick = time.perf_counter()
+        runner, record, _ = trainer.train(runner)
+        times.append(time.perf_counter() - tick)
+    median = statistics.median(times)
+    return {"first_chunk_s": first, "chunk_s": median, "chunk_times_s": times,
+            "steps": trainer.steps_per_chunk, "steps_per_s": trainer.steps_per_chunk / median}
+
+
+def markdown(result: dict) -> str:
+    info, gen, man = result["device"], result["generalist"], result["manager"]
+    return "\n".join([
+        f"# Manager against generalist: {result['env']}", "",
+        f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; run `{result['run']}`, manager over "
+        f"{', '.join(result['skills'])}.", "",
+        "| stage | env steps/s | x generalist | chunk s | first chunk s |", "|---|---:|---:|---:|---:|",
+        f"| generalist | {gen['steps_per_s']:,.0f} | 1.00 | {gen['chunk_s']:.1f} | {gen['first_chunk_s']:.1f} |",
+        f"| manager | {man['steps_per_s']:,.0f} | {man['steps_per_s'] / gen['steps_per_s']:.2f} | "
+        f"{man['chunk_s']:.1f} | {man['first_chunk_s']:.1f} |", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="a skills run whose manager and generalist stages are done")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--chunks", type=int, default=2, help="chunks timed after the compiling one")
+    args = p.parse_args(argv)
+    try:
+        if args.chunks < 1:
+            raise ConfigError("--chunks must be at least 1.")
+        state = load_state(args.run)
+        if state.manager.get("status") != "done" or state.generalist.get("status") != "done":
+            raise ConfigError(f"{args.run} has no finished generalist and manager stages: run "
+                              "`python -m jaxrl_hier.skills run` with `manager.generalist_timesteps` to the end first.")
+        config = saved_config(args.run)
+        catalog = check_config(config)
+        agents = load_run(args.run, config, catalog)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    names = state.manager["skills"]
+    result = {"run": str(args.run), "env": config.env, "skills": names, "device": device_info()}
+    for stage, closed, dirname in (("generalist", True, GENERALIST_DIR), ("manager", False, MANAGER_DIR)):
+        trainer = ManagerTrainer(config, agents.env, agents.base_params, agents.library, agents.experts, names,
+                                 closed=closed)
+        params = load_manager(args.run, trainer.params_like(), dirname)["manager"]
+        result[stage] = time_stage(trainer, params, args.chunks, config.seed)
+        print(f"{stage}: {result[stage]['steps_per_s']:,.0f} env steps/s "
+              f"(first chunk {result[stage]['first_chunk_s']:.1f} s)", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(args.out / "manager_speed.json", result)
+    atomic_write_text(args.out / "manager_speed.md", markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
