@@ -135,6 +135,80 @@ def time_compiled(fn: Callable, *args: Any, repeats: int = 3) -> tuple[float, fl
     return compile_s, best
 
 
+def op_profile(run: Callable[[], Any], calls: int, hlo_text: str = "", top: int = 25) -> list[dict]:
+    """Where a compiled program's time goes, op by op: `run()` (one call of the program, blocking)
+    `calls` times under JAX's profiler, the trace's complete events' own time (less the events nested
+    in them: a loop's ops are its own entries) summed by name, per call, the `top` costliest first. With the program's compiled HLO (`jitted.lower(...).compile().as_text()`)
+    each op also gets its shape and the JAX operation it came from (`op_name`), so that an op such as
+    `dot.153` can be traced to the code, and events that are not its ops (the runtime's host-side
+    work) are left out; without it only the executor's and thread pool's wrappers are."""
+    import collections
+    import gzip
+    import json
+    import re
+    import tempfile
+
+    import jax
+
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder)
+        try:
+            for _ in range(calls):
+                run()
+        finally:
+            jax.profiler.stop_trace()
+        traces = sorted(Path(folder).glob("plugins/profile/*/*.trace.json.gz"))
+        events = json.load(gzip.open(traces[-1]))["traceEvents"] if traces else []
+    total, count = collections.Counter(), collections.Counter()
+    for e, self_us in _self_times([e for e in events if e.get("ph") == "X" and e.get("name")]):
+        name = e["name"]
+        if not any(w in name for w in ("ThunkExecutor", "$", "ThreadPool", "Await")):
+            total[name] += self_us
+            count[name] += 1
+    out = []
+    for name, us in total.most_common():
+        line = re.search(r"\n\s*(?:ROOT )?%?" + re.escape(name) + r" = ([^\n]*)", hlo_text)
+        if hlo_text and not line:  # not an op of the program: the runtime's host-side work
+            continue
+        if len(out) == top:
+            break
+        op = re.search(r'op_name="([^"]*)"', line.group(1)) if line else None
+        out.append({"op": name, "ms_per_call": us / 1e3 / calls, "runs_per_call": count[name] / calls,
+                    "shape": _result_type(line.group(1)) if line else None, "op_name": op.group(1) if op else None})
+    return out
+
+
+def _self_times(events: list[dict]) -> list[tuple[dict, float]]:
+    """Each complete event with its own time: its duration less that of the events nested in it on
+    its thread (a loop's or a branch's event holds the ops it ran)."""
+    out = []
+    by_thread: dict = {}
+    for e in events:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for evs in by_thread.values():
+        stack: list[list] = []  # [event, end, own time]
+        for e in sorted(evs, key=lambda e: (e["ts"], -e.get("dur", 0))):
+            while stack and e["ts"] >= stack[-1][1]:
+                out.append((stack[-1][0], stack.pop()[2]))
+            if stack:
+                stack[-1][2] -= e.get("dur", 0)
+            stack.append([e, e["ts"] + e.get("dur", 0), e.get("dur", 0)])
+        out += [(entry[0], entry[2]) for entry in stack]
+    return out
+
+
+def _result_type(instruction: str) -> str:
+    """The result type at the start of an HLO instruction's right-hand side (a tuple whole)."""
+    if not instruction.startswith("("):
+        return instruction.split(" ")[0]
+    depth = 0
+    for i, ch in enumerate(instruction):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return instruction[:i + 1]
+    return instruction
+
+
 def timed_chained(fn, key, vstate, warmup_calls: int, repeats: int = 2):
     """Like `time_compiled`, but each call continues from the env state the previous one returned.
 

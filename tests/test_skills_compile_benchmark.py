@@ -110,3 +110,32 @@ def test_skills_vs_ppo_seeds_share_one_compilation_cache(monkeypatch, tmp_path):
     out, _ = skills_vs_ppo.run_skills(args, 1)
     assert out == tmp_path / "skills_seed1" and "seed=1" in seen["cmd"]
     assert seen["env"]["JAX_COMPILATION_CACHE_DIR"] == str(cache)
+
+
+def test_op_profile_lists_a_programs_own_ops_with_their_shapes_and_jax_operations():
+    """jaxrl_hier.bench.op_profile (skills_speed.py --trace): the profiler's events of the program's
+    ops, per call, each traced to its HLO shape and JAX operation; the runtime's host-side events left out."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_hier.bench import op_profile
+
+    f = jax.jit(lambda a, b: jnp.tanh(a @ b).sum())
+    a, b = jnp.ones((64, 128)), jnp.ones((128, 32))
+    hlo = f.lower(a, b).compile().as_text()
+    f(a, b).block_until_ready()
+    ops = op_profile(lambda: jax.block_until_ready(f(a, b)), 3, hlo)
+    assert ops and all(o["op"] in hlo and o["shape"] for o in ops)
+    assert any((o["op_name"] or "").startswith("jit(<lambda>)") for o in ops)
+    assert all(o["runs_per_call"] == 1 and o["ms_per_call"] > 0 for o in ops)
+
+
+def test_an_events_own_time_leaves_out_the_events_nested_in_it():
+    from jaxrl_hier.bench import _self_times
+
+    def ev(name, ts, dur, tid=1):
+        return {"name": name, "ts": ts, "dur": dur, "tid": tid, "pid": 1}
+
+    loop = [ev("while", 0, 10), ev("dot", 2, 3), ev("cond", 6, 3), ev("fusion", 7, 1), ev("dot", 0, 4, tid=2)]
+    own = {(e["name"], e["tid"]): t for e, t in _self_times(loop)}
+    assert own == {("while", 1): 4, ("dot", 1): 3, ("cond", 1): 2, ("fusion", 1): 1, ("dot", 2): 4}

@@ -21,6 +21,9 @@ in one process, so the ratios come from the same machine state:
   frozen expert acts on: `skills.moe.ExpertMixture`); and the routed mixture's log-probs, which
   have the same gradient and cost what the update paid before.
 - `eval` (with `--together`): the greedy evaluation a round adds every `greedy_eval_every` rounds.
+- `trace` (with `--trace`): flat PPO's and each skill's round program under JAX's profiler, op by op
+  (`jaxrl_hier.bench.op_profile`): the costliest ops per round with their shapes and the JAX
+  operations they came from.
 
 The dependencies' experts are random weights: a step's cost does not depend on the weights (the
 mixture's blocks are sized statically, whatever the routing), only on how often dependencies hold,
@@ -46,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_hier.bench import device_info, random_rollout, time_compiled, timed_chained
+from jaxrl_hier.bench import device_info, op_profile, random_rollout, time_compiled, timed_chained
 from jaxrl_hier.config import ConfigError, load_config, resolve_config
 from jaxrl_hier.envs import reset_many
 from jaxrl_hier.io import atomic_write_json, atomic_write_text
@@ -102,6 +105,27 @@ def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]
 
     steps = config.updates_per_round * ppo.config.num_envs * ppo.config.num_steps
     return time_rounds(one, rounds, steps), ppo, state["runner"]
+
+
+def traced_update(ppo, runner, updates: int, calls: int = 2) -> list[dict]:
+    """The ops of `updates` PPO updates (the round's program, compiled already by a timed round), from
+    `runner`: `jaxrl_hier.bench.op_profile` over `calls` calls."""
+    hlo = ppo._compiled[updates].lower(runner).compile().as_text()  # the same program: the same op names
+    state = {"runner": runner}
+
+    def run() -> None:
+        state["runner"], metrics = ppo.update(state["runner"], updates)
+        jax.block_until_ready(metrics)
+
+    return op_profile(run, calls, hlo)
+
+
+def skill_trace(trainer: SkillTrainer, name: str) -> list[dict]:
+    """`traced_update` of slot 0's skill `name`, its runner cut as `SkillTrainer.train_round` cuts it."""
+    c = trainer.config
+    plan_len = int(np.asarray(trainer.runner.extra_variables["experts"]["plan_len"])[0])
+    sub = trainer._select(trainer.runner, jnp.asarray([0], jnp.int32), bank_rows(plan_len, c.max_experts, c.bank_shapes))
+    return traced_update(trainer.ppo, jax.device_put(sub, trainer.ppo.shardings(sub)), c.updates_per_round)
 
 
 def skills_round(trainer: SkillTrainer, library, names: list[str], experts: dict, rounds: int, seed: int) -> dict:
@@ -218,6 +242,13 @@ def markdown(result: dict) -> str:
         e = result["eval"]
         lines += ["", f"Greedy evaluation of every slot: {e['run_s']:.2f} s, every {e['every']} rounds "
                       f"(compile {e['compile_s']:.1f} s)."]
+    for name, ops in result.get("trace", {}).items():
+        lines += ["", f"Ops of {name}'s round program (`--trace`; own ms per round, runs per round, the JAX "
+                      "operation; fusions name none):", "",
+                  "| op | ms | runs | shape | from |", "|---|---:|---:|---|---|"]
+        for o in ops[:15]:
+            lines.append(f"| {o['op']} | {o['ms_per_call']:.1f} | {o['runs_per_call']:.0f} | {(o['shape'] or '')[:40]} | "
+                         f"{(o['op_name'] or '')[-70:]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--together", action="store_true",
                    help="also time the listed skills in one round (one slot each) and the greedy evaluation")
+    p.add_argument("--trace", action="store_true",
+                   help="also profile flat PPO's and each skill's round program op by op (jax.profiler)")
     p.add_argument("--experts-from", type=Path, metavar="RUN",
                    help="the dependencies' experts of a skills run (its completed skills) rather than random "
                         "weights, so that each expert acts on as many rows as in training")
@@ -269,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
     flat, flat_ppo, flat_runner = flat_round(config, args.rounds)
     result["round"]["flat PPO"] = flat
+    if args.trace:
+        result["trace"] = {"flat PPO": traced_update(flat_ppo, flat_runner, config.updates_per_round)}
     save(f"flat PPO: {flat['steps_per_s']:,.0f} env steps/s")
     steps = config.updates_per_round * config.ppo_config().num_steps
     num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
@@ -276,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     save(f"base env alone: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
     for name in args.skills:
         result["round"][name] = skills_round(trainer, library, [name], experts, args.rounds, config.seed)
+        if args.trace:
+            result["trace"][name] = skill_trace(trainer, name)
         vec = trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
         result["env_only"][name] = env_steps(vec, num_actions, steps, args.repeats)
         result["policy"][name] = policy_parts(trainer, flat_ppo, flat_runner, library, name, experts, args.repeats,
