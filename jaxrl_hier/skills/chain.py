@@ -37,7 +37,7 @@ from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import build_composition, choose_target
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route_to_target
-from jaxrl_hier.skills.moe import init_mlp, mixture_apply_gather, mixture_apply_mask, mlp_apply
+from jaxrl_hier.skills.moe import init_mlp, mixture_for, mlp_apply
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 from jaxrl_hier.skills.trainer import load_expert, save_expert
@@ -113,7 +113,7 @@ class ChainPolicy:
         act = ACTIVATIONS[self.activation]
         params = variables["params"]
         x = obs["obs"].reshape(obs["obs"].shape[0], -1).astype(jnp.float32)
-        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        mix = mixture_for(self.dispatch)
         logits = mix(params["actor"], x, obs["expert"], act)
         critic_in = jnp.concatenate([x, jax.nn.one_hot(obs["expert"], self.num_experts, dtype=x.dtype)], axis=-1)
         return distrax.Categorical(logits=logits), mlp_apply(params["critic"], critic_in, act)[:, 0]

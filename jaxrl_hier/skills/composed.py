@@ -36,7 +36,7 @@ from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.skills.composition import (Composition, EpisodeStats, build_composition, choose_target, episode_limit,
                                            play_both_modes, play_episodes)
 from jaxrl_hier.skills.env import conditions_hold, route_to_target
-from jaxrl_hier.skills.moe import mixture_apply_gather, mixture_apply_mask
+from jaxrl_hier.skills.moe import mixture_for
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 
 EVAL_DIR = "eval"
@@ -60,7 +60,7 @@ class ComposedAgent:
         q = jax.vmap(self.env.quantities)(state)
         acting = jax.vmap(route_to_target, in_axes=(0, None, None))(q, comp.plan, comp.needs)
         x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
-        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        mix = mixture_for(self.dispatch)
         logits = mix(comp.bank, x, acting, self.act)
         if greedy:
             return jnp.argmax(logits, axis=-1), acting

@@ -68,8 +68,7 @@ from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
 from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route
-from jaxrl_hier.skills.moe import (init_mlp, mixture_apply_active, mixture_apply_gather, mixture_apply_mask, mlp_apply,
-                                   stack_experts)
+from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 from jaxrl_hier.skills.trainer import load_expert, save_expert
@@ -296,7 +295,7 @@ class ManagerPolicy:
         params, bank = variables["params"], variables["experts"]["actor"]
         x, features = self._inputs(obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
-        mix = mixture_apply_gather if self.dispatch == "gather" else mixture_apply_mask
+        mix = mixture_for(self.dispatch)
         # run only when an action is sampled; never while the skills are closed
         expert_logits = None if self.closed else partial(mixture_apply_active, bank, x, act=act, mix=mix,
                                                          sync_axes=self.sync_axes)

@@ -20,9 +20,9 @@ bank's rows are read from its shape, so a caller may pass a bank cut to the plan
 trainer does: no rows, and no routing, for skills without dependencies). The frozen experts run only
 on the rows they act on (`mixture_apply_active`); the new expert's rows take its own dense pass. The
 critic is always the new expert's: it estimates the return of *this* skill's reward on every state,
-including the states where a dependency's expert is acting. The routed mixture runs only where an action is drawn (the
-rollout, evaluation); the update's log-probs and entropy are the new expert's, a dense MLP
-(`ExpertMixture`).
+including the states where a dependency's expert is acting. The routed mixture runs only where an
+action is drawn (the rollout, evaluation); the update's log-probs and entropy are the new expert's, a
+dense MLP (`ExpertMixture`).
 
 With `greedy_frozen=True` frozen experts act greedily (their argmax action, as a one-hot
 distribution), so their exploration noise does not multiply down a chain of skills. It is off by
@@ -117,6 +117,16 @@ def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callab
     return h.reshape(num_blocks * bs, -1)[slot]
 
 
+def mixture_for(dispatch: str, block_size: int | None = None) -> Callable:
+    """The mixture function of a dispatch name: `mixture_apply_gather` (with `block_size`) or
+    `mixture_apply_mask`."""
+    if dispatch == "gather":
+        return partial(mixture_apply_gather, block_size=block_size) if block_size else mixture_apply_gather
+    if dispatch == "mask":
+        return mixture_apply_mask
+    raise ValueError(f"unknown MoE dispatch '{dispatch}': use 'gather' or 'mask'.")
+
+
 def mixture_apply_active(bank: Layers, x: jax.Array, idx: jax.Array, active: jax.Array, act: Callable,
                          mix: Callable = mixture_apply_gather, sync_axes: tuple[str, ...] = ()) -> jax.Array:
     """Row i through expert idx[i] where `active[i]`; the other rows are 0 (their idx is never read).
@@ -163,8 +173,7 @@ class MoEPolicy:
     def __init__(self, num_actions: int, hidden_size: int, num_layers: int, activation: str, max_experts: int,
                  dispatch: str = "gather", block_size: int | None = None, greedy_frozen: bool = False,
                  sync_axes: tuple[str, ...] = ()):
-        if dispatch not in ("gather", "mask"):
-            raise ValueError(f"unknown MoE dispatch '{dispatch}': use 'gather' or 'mask'.")
+        mixture_for(dispatch)  # an unknown dispatch is refused here, not when first traced
         self.num_actions, self.hidden_size, self.num_layers = num_actions, hidden_size, num_layers
         self.activation, self.max_experts = activation, max_experts
         self.dispatch, self.block_size, self.greedy_frozen = dispatch, block_size, greedy_frozen
@@ -208,10 +217,8 @@ class MoEPolicy:
             if not rows:  # no dependencies: the new expert acts everywhere
                 return new_logits
             # The new expert's rows are `new_logits` already; the frozen experts run on their own rows.
-            mix = partial(mixture_apply_gather, block_size=self.block_size) if self.dispatch == "gather" \
-                else mixture_apply_mask
             routed = mixture_apply_active(jax.lax.stop_gradient(frozen["actor"]), x, local, is_frozen, act,
-                                          mix, self.sync_axes)
+                                          mixture_for(self.dispatch, self.block_size), self.sync_axes)
             if self.greedy_frozen:
                 routed = greedy_logits(routed)
             return jnp.where(is_frozen[:, None], routed, new_logits)
