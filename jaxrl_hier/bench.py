@@ -138,8 +138,8 @@ def time_compiled(fn: Callable, *args: Any, repeats: int = 3) -> tuple[float, fl
 def op_profile(run: Callable[[], Any], calls: int, hlo_text: str = "", top: int = 25) -> list[dict]:
     """Where a compiled program's time goes, op by op: `run()` (one call of the program, blocking)
     `calls` times under JAX's profiler, the trace's complete events' own time (less the events nested
-    in them: a loop's ops are its own entries) summed by name, per call, the `top` costliest first. With the program's compiled HLO (`jitted.lower(...).compile().as_text()`)
-    each op also gets its shape and the JAX operation it came from (`op_name`), so that an op such as
+    in them: a loop's ops are its own entries) summed by name, per call, the `top` costliest first.
+    With the program's compiled HLO (`jitted.lower(...).compile().as_text()`) each op also gets its shape and the JAX operation it came from (`op_name`), so that an op such as
     `dot.153` can be traced to the code, and events that are not its ops (the runtime's host-side
     work) are left out; without it only the executor's and thread pool's wrappers are."""
     import collections
@@ -158,7 +158,12 @@ def op_profile(run: Callable[[], Any], calls: int, hlo_text: str = "", top: int 
         finally:
             jax.profiler.stop_trace()
         traces = sorted(Path(folder).glob("plugins/profile/*/*.trace.json.gz"))
-        events = json.load(gzip.open(traces[-1]))["traceEvents"] if traces else []
+        events = []
+        if traces:
+            with gzip.open(traces[-1]) as f:
+                events = json.load(f)["traceEvents"]
+    # instruction name -> the rest of its line (result type, operands, metadata)
+    instructions = dict(re.findall(r"^\s*(?:ROOT )?%?(\S+) = (.*)$", hlo_text, re.M))
     total, count = collections.Counter(), collections.Counter()
     for e, self_us in _self_times([e for e in events if e.get("ph") == "X" and e.get("name")]):
         name = e["name"]
@@ -167,14 +172,14 @@ def op_profile(run: Callable[[], Any], calls: int, hlo_text: str = "", top: int 
             count[name] += 1
     out = []
     for name, us in total.most_common():
-        line = re.search(r"\n\s*(?:ROOT )?%?" + re.escape(name) + r" = ([^\n]*)", hlo_text)
-        if hlo_text and not line:  # not an op of the program: the runtime's host-side work
+        line = instructions.get(name)
+        if hlo_text and line is None:  # not an op of the program: the runtime's host-side work
             continue
         if len(out) == top:
             break
-        op = re.search(r'op_name="([^"]*)"', line.group(1)) if line else None
+        op = re.search(r'op_name="([^"]*)"', line) if line else None
         out.append({"op": name, "ms_per_call": us / 1e3 / calls, "runs_per_call": count[name] / calls,
-                    "shape": _result_type(line.group(1)) if line else None, "op_name": op.group(1) if op else None})
+                    "shape": _result_type(line) if line else None, "op_name": op.group(1) if op else None})
     return out
 
 

@@ -14,37 +14,37 @@ Each stage compiles its chunk program (`updates_per_round` PPO updates) on a fir
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
-import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
-import jax
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
 
-from jaxrl_hier.bench import device_info
-from jaxrl_hier.config import ConfigError
-from jaxrl_hier.io import atomic_write_json, atomic_write_text
-from jaxrl_hier.skills.cli import check_config, saved_config
-from jaxrl_hier.skills.composed import load_run
-from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager
-from jaxrl_hier.skills.state import load_state
+import jaxrl_hier  # noqa: E402,F401  (sets XLA flags before JAX starts)
+import jax  # noqa: E402
+
+from benchmarks.skills.skills_speed import time_rounds  # noqa: E402
+
+from jaxrl_hier.bench import device_info  # noqa: E402
+from jaxrl_hier.config import ConfigError  # noqa: E402
+from jaxrl_hier.io import atomic_write_json, atomic_write_text  # noqa: E402
+from jaxrl_hier.skills.cli import check_config, saved_config  # noqa: E402
+from jaxrl_hier.skills.composed import load_run  # noqa: E402
+from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager  # noqa: E402
+from jaxrl_hier.skills.state import load_state  # noqa: E402
 
 
 def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int) -> dict:
-    """A first (compiling) chunk from `params`, then the median of `chunks` more."""
-    runner = trainer.ppo.init(jax.random.key(seed), params=params)
-    tick = time.perf_counter()
-    runner, _, _ = trainer.train(runner)
-    first = time.perf_counter() - tick
-    times = []
-    for _ in range(chunks):
-        tick = time.perf_counter()
-        runner, record, _ = trainer.train(runner)
-        times.append(time.perf_counter() - tick)
-    median = statistics.median(times)
-    return {"first_chunk_s": first, "chunk_s": median, "chunk_times_s": times,
-            "steps": trainer.steps_per_chunk, "steps_per_s": trainer.steps_per_chunk / median}
+    """A first (compiling) chunk from `params`, then the median of `chunks` more (`skills_speed.time_rounds`)."""
+    state = {"runner": trainer.ppo.init(jax.random.key(seed), params=params)}
+
+    def one() -> None:  # `train` returns the chunk's metrics on the host: the chunk has finished
+        state["runner"] = trainer.train(state["runner"])[0]
+
+    t = time_rounds(one, chunks, trainer.steps_per_chunk)
+    return {"first_chunk_s": t["first_round_s"], "chunk_s": t["round_s"], "steps": t["steps"],
+            "steps_per_s": t["steps_per_s"]}
 
 
 def markdown(result: dict) -> str:

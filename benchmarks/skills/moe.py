@@ -16,8 +16,8 @@ With `--active` it times instead the rollout's acting forward of a skill with `-
 dependency experts and a new one, as the share of rows the frozen experts act on grows
 (`--shares`, rows picked at random, each routed to a random frozen expert): every expert on every row
 (the bank with the new expert appended, as the policy ran before, beside the new expert's dense pass
-that its log-probs need) against that dense pass plus the frozen experts on their own rows only (`skills.moe.mixture_apply_active`, as
-`MoEPolicy` runs now), for both dispatches. TechTree's shapes:
+that its log-probs need) against that dense pass plus the frozen experts on their own rows only
+(`skills.moe.mixture_apply_active`, as `MoEPolicy` runs now), for both dispatches. TechTree's shapes:
 
     python benchmarks/skills/moe.py --active --out DIR --rows 64 --obs-dim 1190 --hidden 64 --actions 10 --experts 8
 

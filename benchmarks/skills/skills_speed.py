@@ -30,7 +30,8 @@ mixture's blocks are sized statically, whatever the routing), only on how often 
 which changes a skill env's restarts and resets a little, and on how many rows the frozen experts act
 on (they run on those rows only, `skills.moe.mixture_apply_active`). Random dependencies rarely hold,
 and `act` spreads its rows over every expert of the plan, so here the frozen experts act on most rows:
-more than in a trained run, whose rounds (`skills_vs_ppo.py --throughput RUN`) give the rate training sees. Writes DIR/skills_speed.json and
+more than in a trained run, whose rounds (`skills_vs_ppo.py --throughput RUN`) give the rate training
+sees; `--experts-from RUN` takes a run's trained experts instead. Writes DIR/skills_speed.json and
 DIR/skills_speed.md after every part (`complete` says whether every part ran); on a 2-core CPU at
 the Craftax-Classic config most of the time is compiling (about 20 programs).
 """
@@ -108,8 +109,9 @@ def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]
 
 
 def traced_update(ppo, runner, updates: int, calls: int = 2) -> list[dict]:
-    """The ops of `updates` PPO updates (the round's program, compiled already by a timed round), from
-    `runner`: `jaxrl_hier.bench.op_profile` over `calls` calls."""
+    """The ops of `updates` PPO updates (the round's program, which a timed round compiled), from
+    `runner`: `jaxrl_hier.bench.op_profile` over `calls` calls. The op names come from compiling the
+    same program once more for its text (jit keeps no text of what it compiled): a second compile."""
     hlo = ppo._compiled[updates].lower(runner).compile().as_text()  # the same program: the same op names
     state = {"runner": runner}
 
