@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,18 +107,46 @@ def test_corrupt_checkpoint_is_refused(uninterrupted, tmp_path):
     assert "corrupt" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_checkpointer_round_trips_zero_size_leaves(tmp_path):
-    """reset_mode auto/none leave the reset pool empty; Orbax alone refuses zero-size arrays."""
+@pytest.mark.parametrize("pack", [True, False])
+def test_checkpointer_round_trips_zero_size_leaves_keys_and_dtypes(tmp_path, pack):
+    """reset_mode auto/none leave the reset pool empty; Orbax alone refuses zero-size arrays. Both
+    layouts (packed, one process's default; one array per leaf, as with several processes) keep every
+    dtype, PRNG keys and host arrays."""
     import jax
     import jax.numpy as jnp
 
     from jaxrl_hier.checkpointing import Checkpointer
 
-    tree = {"a": jnp.arange(3.0), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(1)}
-    ckpt = Checkpointer(tmp_path / "ckpt", asynchronous=False)
+    tree = {"a": jnp.arange(3.0), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(1),
+            "keys": jax.random.split(jax.random.key(2), 3), "done": jnp.array([True, False]),
+            "host": np.arange(4, dtype=np.int32), "step": jnp.int32(7)}
+    ckpt = Checkpointer(tmp_path / "ckpt", asynchronous=False, pack=pack)
     ckpt.save(1, tree, {"env": "x"})
-    target = {"a": jnp.zeros(3), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(0)}
-    restored, _ = ckpt.restore(1, target, {"env": "x"})
+    target = {"a": jnp.zeros(3), "pool": jnp.zeros((0, 4), jnp.int32), "key": jax.random.key(0),
+              "keys": jax.random.split(jax.random.key(0), 3), "done": jnp.zeros(2, bool),
+              "host": np.zeros(4, np.int32), "step": jnp.int32(0)}
+    restored, meta = ckpt.restore(1, target, {"env": "x"})
     ckpt.close()
+    assert meta == {"env": "x", "step": 1}
     assert restored["a"].tolist() == [0.0, 1.0, 2.0] and restored["pool"].shape == (0, 4)
-    assert jax.random.key_data(restored["key"]).tolist() == jax.random.key_data(tree["key"]).tolist()
+    for k in ("key", "keys"):
+        assert jax.random.key_data(restored[k]).tolist() == jax.random.key_data(tree[k]).tolist()
+    assert restored["done"].tolist() == [True, False] and restored["done"].dtype == jnp.bool_
+    assert np.asarray(restored["host"]).tolist() == [0, 1, 2, 3] and int(restored["step"]) == 7
+
+
+def test_packed_checkpoint_refuses_a_state_of_other_shapes_and_reads_per_array_ones(tmp_path):
+    """A packed checkpoint joins arrays, so equal byte counts must not pass for an equal state: the
+    saved shapes are checked first, naming the array. Checkpoints saved one array per leaf (several
+    processes, and every run before packing) still restore through the default Checkpointer."""
+    import jax.numpy as jnp
+
+    from jaxrl_hier.checkpointing import Checkpointer, CheckpointError
+
+    tree = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.ones(3)}
+    Checkpointer(tmp_path / "packed", asynchronous=False).save(1, tree, {})
+    with pytest.raises(CheckpointError, match=r"its array \['w'\] is float32\[2, 3\] where this run has float32\[3, 2\]"):
+        Checkpointer(tmp_path / "packed").restore(1, {"w": jnp.zeros((3, 2)), "b": jnp.zeros(3)}, {})
+    Checkpointer(tmp_path / "per_array", asynchronous=False, pack=False).save(1, tree, {})
+    restored, _ = Checkpointer(tmp_path / "per_array").restore(1, {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, {})
+    assert np.asarray(restored["w"]).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]

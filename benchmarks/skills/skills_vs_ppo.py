@@ -164,6 +164,36 @@ def skills_throughput(run_dir: Path, state) -> dict:
             "compile_rounds_s": float(times[slow].sum())}
 
 
+def stage_times(run_dir: Path) -> dict:
+    """Seconds and env steps/s of each PPO stage after the skills (chain, generalist, manager) that
+    the run has: the chunks' wall times in the stage's `metrics.jsonl` (the first chunk compiles)."""
+    from jaxrl_hier.skills.chain import CHAIN_DIR
+    from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR
+
+    out = {}
+    for stage, dirname in (("chain", CHAIN_DIR), ("generalist", GENERALIST_DIR), ("manager", MANAGER_DIR)):
+        path = Path(run_dir) / dirname / "metrics.jsonl"
+        rows = read_jsonl(path) if path.is_file() else []
+        if rows:
+            wall = sum(r["wall_s"] for r in rows)
+            out[stage] = {"wall_s": wall, "first_chunk_s": rows[0]["wall_s"], "env_steps": rows[-1]["env_steps"],
+                          "steps_per_s": rows[-1]["env_steps"] / wall}
+    return out
+
+
+def wall_parts(skills: dict) -> dict | None:
+    """Where a skills run's wall time went: its skill rounds (those that compiled apart), each later
+    stage, and the rest (checkpoints, evaluations between rounds, start-up); None without the wall time."""
+    if not skills.get("wall_s"):
+        return None
+    rounds = skills.get("round_time_s") or 0.0
+    parts = {"skill rounds": rounds - (skills.get("compile_rounds_s") or 0.0),
+             "skill rounds that compiled": skills.get("compile_rounds_s") or 0.0,
+             **{stage: t["wall_s"] for stage, t in skills.get("stages", {}).items()}}
+    parts["the rest"] = skills["wall_s"] - sum(parts.values())
+    return parts
+
+
 def ppo_agent(args, config: SkillsConfig, budget: int, seed: int):
     from jaxrl_hier.algorithms.ppo import PPOConfig, make_train
 
@@ -279,6 +309,16 @@ def table(results: dict, names) -> str:
               f"| flat PPO | {np.mean([r['ppo']['env_steps'] for r in results['runs']]):,.0f} | "
               f"{rate('ppo', 'wall_s')} (training only) | {rate('ppo', 'steps_per_s')} "
               f"| {rate('ppo', 'steady_steps_per_s')} (after the first chunk) |"]
+    parts = [wall_parts(r["skills"]) for r in results["runs"] if "skills" in r]
+    if parts and all(parts):
+        keys = list(dict.fromkeys(k for p in parts for k in p))  # a seed may lack a stage another has
+        lines += ["", "Where the skills run's wall time went, s (mean ± s.e. over seeds):", "",
+                  "| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys),
+                  "| " + " | ".join(fmt_mean_se(*mean_se([p.get(k) for p in parts]), pct=False) for k in keys) + " |"]
+        stages = {k for r in results["runs"] for k in r["skills"].get("stages", {})}
+        lines += [f"\n{k}: " + fmt_mean_se(*mean_se([r["skills"]["stages"][k]["steps_per_s"] for r in results["runs"]
+                                                      if k in r["skills"].get("stages", {})]), pct=False, digits=0)
+                  + " env steps/s over its chunks, the first (compiling) included" for k in sorted(stages)]
     for r in (r for r in results["runs"] if "skills" in r):
         s = r["skills"]
         lines.append(f"\nseed {r['seed']}: composed agent towards {s['target']}; completed: {', '.join(s['completed'])}"
@@ -404,7 +444,7 @@ def main(argv=None) -> int:
         skills = {"run_dir": str(run_dir), "env_steps": budget - manager_steps, "chain_steps": chain_steps,
                   "wall_s": wall,
                   "target": aim, "plan": plan,
-                  **skills_throughput(run_dir, state),
+                  **skills_throughput(run_dir, state), "stages": stage_times(run_dir),
                   "completed": [r.name for r in state.by_status("completed")], "running": list(run.running),
                   "skills_total": len(state.skills)}
         skills.update(play_both_modes(lambda k, greedy: summarize(
