@@ -150,3 +150,19 @@ def test_packed_checkpoint_refuses_a_state_of_other_shapes_and_reads_per_array_o
     Checkpointer(tmp_path / "per_array", asynchronous=False, pack=False).save(1, tree, {})
     restored, _ = Checkpointer(tmp_path / "per_array").restore(1, {"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, {})
     assert np.asarray(restored["w"]).tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+
+
+def test_checkpoint_save_benchmark_times_both_layouts_and_refuses_no_repeats(tmp_path):
+    """`benchmarks/runs/checkpoint_save.py` on the smallest of its states: both layouts timed, the
+    packed one restoring the state it saved (the script restores into the saved state each time)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.runs import checkpoint_save
+
+    assert checkpoint_save.main(["--out", str(tmp_path), "--repeats", "0"]) == 2
+    assert checkpoint_save.main(["--out", str(tmp_path), "--repeats", "1", "--states", "ppo_techtree"]) == 0
+    result = json.loads((tmp_path / "checkpoint_save.json").read_text())
+    (row,) = result["states"]
+    assert row["arrays"] > 10 and row["bytes"] > 0
+    assert all(row[layout]["save_s"] > 0 and row[layout]["restore_s"] > 0 for layout in ("one array per leaf", "packed"))
+    assert "| PPO (ppo_techtree.yaml) |" in (tmp_path / "checkpoint_save.md").read_text()
+    assert (tmp_path / "checkpoint_save.png").is_file()

@@ -139,3 +139,32 @@ def test_an_events_own_time_leaves_out_the_events_nested_in_it():
     loop = [ev("while", 0, 10), ev("dot", 2, 3), ev("cond", 6, 3), ev("fusion", 7, 1), ev("dot", 0, 4, tid=2)]
     own = {(e["name"], e["tid"]): t for e, t in _self_times(loop)}
     assert own == {("while", 1): 4, ("dot", 1): 3, ("cond", 1): 2, ("fusion", 1): 1, ("dot", 2): 4}
+
+
+def test_skills_vs_ppo_says_where_a_skills_runs_wall_time_went(tmp_path):
+    """Each later stage's chunks from its metrics.jsonl; the rest is the wall time outside rounds and stages."""
+    from benchmarks.skills import skills_vs_ppo
+
+    (tmp_path / "chain").mkdir()
+    (tmp_path / "chain" / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"wall_s": w, "env_steps": s}) for w, s in ((9.0, 100), (1.0, 200))) + "\n")
+    stages = skills_vs_ppo.stage_times(tmp_path)
+    assert stages == {"chain": {"wall_s": 10.0, "first_chunk_s": 9.0, "env_steps": 200, "steps_per_s": 20.0}}
+    skills = {"wall_s": 30.0, "round_time_s": 12.0, "compile_rounds_s": 5.0, "stages": stages}
+    assert skills_vs_ppo.wall_parts(skills) == {"skill rounds": 7.0, "skill rounds that compiled": 5.0,
+                                                "chain": 10.0, "the rest": 8.0}
+    assert skills_vs_ppo.wall_parts({**skills, "wall_s": None}) is None
+
+
+def test_moe_benchmark_times_the_whole_banks_gradient_at_each_block_size(tmp_path):
+    from benchmarks.skills import moe
+
+    argv = ["--out", str(tmp_path), "--experts", "1", "3", "--rows", "12", "--obs-dim", "5", "--hidden", "4",
+            "--layers", "1", "--actions", "3", "--repeats", "1"]
+    assert moe.main(argv + ["--block-sizes", "0"]) == 2
+    assert moe.main(argv + ["--block-sizes", "2", "4"]) == 0
+    records = json.loads((tmp_path / "moe.json").read_text())["records"]
+    bank = [(r["dispatch"], r["experts"], r["block_size"]) for r in records if r["workload"] == "bank grad"]
+    assert bank == [("gather", 1, 2), ("gather", 1, 4), ("mask", 1, None), ("gather", 3, 2), ("gather", 3, 4),
+                    ("mask", 3, None)]
+    assert (tmp_path / "moe.png").is_file()

@@ -11,7 +11,8 @@ are the ones those runs save, built from packaged configs:
   saved after every chunk of `python -m jaxrl_hier.train`.
 
 For each, a save (started and finished, as the runs wait for it) and a restore into the state's own
-structure, `--repeats` times in each layout, the median reported:
+structure, `--repeats` times in each layout, the median reported (the first restore of each is
+checked against the state saved):
 
     python benchmarks/runs/checkpoint_save.py --out DIR [--repeats 7] [--states skills ppo_techtree ppo_classic]
 
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
 import jax
+import numpy as np
 
 from jaxrl_hier.bench import device_info
 from jaxrl_hier.checkpointing import Checkpointer
@@ -61,6 +63,12 @@ STATES = {"skills": ("skills round (skills_techtree.yaml)", skills_state),
           "ppo_classic": ("PPO (ppo_craftax_classic.yaml)", lambda: ppo_state("ppo_craftax_classic.yaml"))}
 
 
+def same(a, b) -> bool:
+    """Equal arrays, PRNG keys compared by their key data."""
+    data = (lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+    return bool(np.array_equal(np.asarray(data(a)), np.asarray(data(b))))
+
+
 def time_layout(state, pack: bool, repeats: int, folder: Path) -> dict:
     """Median seconds of a whole save (Orbax's directory finalised) and of a restore into `state`."""
     ckpt = Checkpointer(folder, keep=2, asynchronous=False, pack=pack)
@@ -70,8 +78,10 @@ def time_layout(state, pack: bool, repeats: int, folder: Path) -> dict:
         ckpt.save(step, state, {})
         ckpt.wait()
         t1 = time.perf_counter()
-        jax.block_until_ready(ckpt.restore(step, state, {})[0])
+        restored = jax.block_until_ready(ckpt.restore(step, state, {})[0])
         t2 = time.perf_counter()
+        if step == 1 and not all(map(same, jax.tree.leaves(restored), jax.tree.leaves(state))):
+            raise RuntimeError(f"the {'packed' if pack else 'per-leaf'} checkpoint restored another state than it saved")
         if step > 1:
             saves.append(t1 - t0)
             restores.append(t2 - t1)

@@ -5,7 +5,10 @@ For E = 1 .. 32 experts, `rows` env rows routed uniformly at random, expert MLPs
 skills policy on Craftax-Classic (obs 1345 -> hidden x layers -> 17 actions), it times:
 - `forward`: the routed actor logits (the rollout's cost per env step);
 - `grad`: forward and backward through the mixture with respect to the trainable expert (the
-  update's cost).
+  update's cost);
+- `bank grad`: forward and backward with respect to every expert of the bank, as chain fine-tuning
+  trains them (`skills.chain`), `gather` at each of `--block-sizes` (rows per block; default: the
+  dispatch's own choice).
 Compile time is recorded apart from the best of `--repeats` steady runs.
 
     python benchmarks/skills/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
@@ -42,7 +46,8 @@ from jaxrl_hier.skills.moe import (default_block_size, init_mlp, mixture_apply_a
 DISPATCH = {"gather": mixture_apply_gather, "mask": mixture_apply_mask}
 
 
-def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, actions: int, repeats: int) -> list[dict]:
+def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, actions: int, repeats: int,
+            block_sizes: list[int | None] = (None,)) -> list[dict]:
     key = jax.random.key(experts)
     sizes = [obs_dim] + [hidden] * layers + [actions]
     frozen = (stack_experts([init_mlp(jax.random.fold_in(key, i), sizes, 0.01) for i in range(experts - 1)])
@@ -64,13 +69,21 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
         def grad(new_expert, x, idx, apply=apply):
             return jax.grad(lambda p: jnp.sum(apply(bank_of(p), x, idx, jnp.tanh) ** 2))(new_expert)
 
-        for workload, fn in (("forward", forward), ("grad", grad)):
+        def bank_grad(new_expert, x, idx, apply=apply, block_size=None):
+            bank = bank_of(new_expert) if frozen is None else jax.tree.map(
+                lambda f, n: jnp.concatenate([f, n[None]]), frozen, new_expert)
+            mix = partial(apply, block_size=block_size) if block_size else apply
+            return jax.grad(lambda b: jnp.sum(mix(b, x, idx, jnp.tanh) ** 2))(bank)
+
+        sizes = block_sizes if name == "gather" else (None,)
+        for workload, fn, bs in (("forward", forward, None), ("grad", grad, None),
+                                 *(("bank grad", partial(bank_grad, block_size=b), b) for b in sizes)):
             compile_s, run_s = time_compiled(jax.jit(fn), new, x, idx, repeats=repeats)
+            block = (bs or default_block_size(rows, experts)) if name == "gather" else None
             out.append({"dispatch": name, "workload": workload, "experts": experts, "rows": rows, "run_s": run_s,
-                        "compile_s": compile_s, "rows_per_s": rows / run_s,
-                        "block_size": default_block_size(rows, experts) if name == "gather" else None})
-            print(f"E={experts:2d} {name:6s} {workload:7s} {run_s * 1e3:8.2f} ms (compile {compile_s:.1f} s)",
-                  flush=True)
+                        "compile_s": compile_s, "rows_per_s": rows / run_s, "block_size": block})
+            print(f"E={experts:2d} {name:6s} {workload:9s} {'' if block is None else f'block {block:3d}'} "
+                  f"{run_s * 1e3:8.2f} ms (compile {compile_s:.1f} s)", flush=True)
     return out
 
 
@@ -126,11 +139,14 @@ def plot(records: list[dict], path: Path, title: str) -> None:
 
     plt = pyplot()
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, workload in zip(axes, ("forward", "grad")):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, workload in zip(axes, ("forward", "grad", "bank grad")):
         for name, marker in (("gather", "o"), ("mask", "s")):
-            pts = sorted((r["experts"], r["run_s"] * 1e3) for r in records
-                         if r["dispatch"] == name and r["workload"] == workload)
+            best: dict = {}  # gather's bank grad at its best block size
+            for r in records:
+                if r["dispatch"] == name and r["workload"] == workload:
+                    best[r["experts"]] = min(best.get(r["experts"], float("inf")), r["run_s"] * 1e3)
+            pts = sorted(best.items())
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=name)
         ax.set(xscale="log", yscale="log", xlabel="experts", ylabel="ms per call", title=f"{workload} ({title})")
         ax.set_xticks([r["experts"] for r in records if r["dispatch"] == "gather" and r["workload"] == workload])
@@ -153,9 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--active", action="store_true",
                    help="time the acting forward against the share of rows frozen experts act on (see above)")
     p.add_argument("--shares", type=float, nargs="+", default=[0.0, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1.0])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=None,
+                   help="gather's rows per block for the bank grad (default: its own choice)")
     args = p.parse_args(argv)
-    if min(args.experts) < 1 or args.rows < 1:
-        print("error: --experts and --rows must be positive", file=sys.stderr)
+    if min(args.experts) < 1 or args.rows < 1 or min(args.block_sizes or [1]) < 1:
+        print("error: --experts, --rows and --block-sizes must be positive", file=sys.stderr)
         return 2
     if not all(0.0 <= s <= 1.0 for s in args.shares):
         print("error: --shares must lie between 0 and 1", file=sys.stderr)
@@ -173,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     records = []
     for e in args.experts:
-        records += measure(e, args.rows, args.obs_dim, args.hidden, args.layers, args.actions, args.repeats)
+        records += measure(e, args.rows, args.obs_dim, args.hidden, args.layers, args.actions, args.repeats,
+                           args.block_sizes or [None])
     info = device_info() | {"rows": args.rows, "obs_dim": args.obs_dim, "hidden": args.hidden,
                             "layers": args.layers, "actions": args.actions}
     args.out.mkdir(parents=True, exist_ok=True)
