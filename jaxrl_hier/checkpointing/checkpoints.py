@@ -81,12 +81,12 @@ def _unpack(packed: dict, target: Any) -> Any:
 
 
 class Checkpointer:
-    """Save and restore training states under `directory`, keeping the last `keep` steps."""
+    """Save and restore training states under `directory`, keeping the last `keep` steps. `pack=False`
+    saves one Orbax array per leaf, as every save does when the run has several processes."""
 
     def __init__(self, directory: str | Path, keep: int = 3, asynchronous: bool = True, pack: bool = True):
         self.directory = Path(directory).absolute()
-        # Packed saves need every array on this process's host; with several processes each saves its shards.
-        self.pack = pack and jax.process_count() == 1
+        self.pack = pack
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                enable_async_checkpointing=asynchronous)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
@@ -106,7 +106,9 @@ class Checkpointer:
         resumes from (`delete_newer_than`)."""
         self.wait()
         meta = dict(meta, step=step)
-        if self.pack:
+        # Packed saves need every array on this process's host; with several processes each saves its
+        # shards (asked at each save: a process may join `jax.distributed` after building this).
+        if self.pack and jax.process_count() == 1:
             state, meta[PACKED] = _pack(state)
         else:
             state = _fill_empty(state)
