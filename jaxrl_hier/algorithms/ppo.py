@@ -274,11 +274,18 @@ class PPO:
         return rep.replace(env_state=sharded(runner.env_state), obs=sharded(runner.obs), hidden=sharded(runner.hidden))
 
     # ------------------------------------------------------------------ one update (per device)
+    def _acting_variables(self, extra: dict) -> dict:
+        """The network's non-trainable variables as the rollout acts with them: a network with an
+        `acting_variables(extra)` method lays them out there, once per rollout, outside the step loop
+        (XLA does not hoist a loop-invariant relayout out of it, so the step would pay it each time)."""
+        prepare = getattr(self.network, "acting_variables", None)
+        return prepare(extra) if prepare is not None else extra
+
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
         """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
         c = self.config
         vec = self.vec_env(runner.env_params, sync_axes=ROLLOUT_AXES, share_axes=("seed",))
-        params, extra = runner.train_state.params, runner.extra_variables
+        params, extra = runner.train_state.params, self._acting_variables(runner.extra_variables)
 
         def final_value(hidden, final_obs, truncated):
             # Only truncated rows read V(final_obs) (in GAE), and truncations are rare: run the network

@@ -314,6 +314,54 @@ def test_moe_policy_trains_only_the_new_expert():
         np.testing.assert_allclose(np.asarray(got["cut_logits"]), np.asarray(got["logits"]), atol=1e-5)
 
 
+def test_acting_variables_lay_the_mask_bank_out_once_and_act_the_same():
+    """Under `mask` the rollout acts with the bank's first layers side by side (`acting_variables`,
+    computed once per rollout): the same logits as the stacked bank, to the bit, for one-layer and
+    deeper experts; `gather`, and a skill without dependencies, keep their variables as they are."""
+    obs = {"obs": jax.random.normal(jax.random.key(3), (6, 5)), "expert": jnp.array([0, 1, 2, 2, 0, 1])}
+    for layers in (0, 2):
+        policy = MoEPolicy(4, 8, layers, "tanh", 3, "mask")
+        variables = policy.init(jax.random.key(0), obs)
+        bank = jax.tree.map(lambda w: jax.random.normal(jax.random.key(1), w.shape), variables["experts"]["actor"])
+        extra = {"experts": {"actor": bank, "plan_len": jnp.int32(2)}}
+        acting = policy.acting_variables(extra)
+        assert acting["experts"]["first_kernel"].shape == (5, 3 * bank[0]["kernel"].shape[-1])
+        logits = jax.jit(lambda e: policy.apply({"params": variables["params"], **e}, obs)[0].logits)
+        assert jnp.array_equal(logits(acting), logits(extra))
+    gather = MoEPolicy(4, 8, 2, "tanh", 3, "gather")
+    assert gather.acting_variables(extra) is extra
+    empty = {"experts": {"actor": jax.tree.map(lambda w: w[:0], bank), "plan_len": jnp.int32(0)}}
+    assert MoEPolicy(4, 8, 2, "tanh", 3, "mask").acting_variables(empty) is empty
+
+
+def test_ppo_rollout_acts_with_the_networks_acting_variables():
+    """A network's `acting_variables` is what the rollout's steps see (here a shift of every logit
+    towards action 1 that the network's own variables do not hold)."""
+    from jaxrl_hier.algorithms.ppo import PPOConfig, RunnerState, make_train
+    from jaxrl_hier.networks.actor_critic import ActorCriticMLP
+
+    class Biased(ActorCriticMLP):
+        def acting_variables(self, extra):
+            return {**extra, "bias": {"towards": jnp.array(1)}}
+
+        def __call__(self, obs):
+            pi, value = super().__call__(obs)
+            if self.has_variable("bias", "towards"):
+                towards = self.get_variable("bias", "towards")
+                pi = type(pi)(logits=pi.logits + 1e3 * jax.nn.one_hot(towards, pi.logits.shape[-1]))
+            return pi, value
+
+    config = PPOConfig(env="CartPole-v1", num_envs=4, num_steps=8, num_minibatches=1, update_epochs=1,
+                       hidden_size=8, num_layers=1, total_timesteps=32)
+    ppo = make_train(config, network=Biased(num_actions=2, hidden_size=8, num_layers=1))
+    runner = jax.tree.map(lambda x: x[0], ppo.init(jax.random.key(0)))  # seed 0
+    shards = jax.tree.leaves(runner.obs)[0].shape[0]
+    # the rollout of each env shard, vmapped as the update runs it
+    rollout = jax.vmap(ppo._rollout, in_axes=(RunnerState(None, 0, 0, None, None, None, None, 0), 0), axis_name="shard")
+    traj = jax.jit(rollout)(runner, jnp.arange(shards))[3]
+    assert traj.action.size == 32 and bool((traj.action == 1).all())
+
+
 def test_idle_slot_params_never_succeed():
     # An idle slot whose episodes ended at once would reset every env on every step (costly for Craftax).
     env, _ = make("TechTree-v0")
