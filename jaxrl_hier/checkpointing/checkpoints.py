@@ -11,7 +11,7 @@ shape error deep inside Orbax.
 In one process the state is saved packed: its leaves copied to the host and joined into one flat
 array per dtype (PRNG keys as their key data), with every leaf's dtype and shape in the metadata.
 Orbax's cost grows with the number of arrays more than with their bytes: a TechTree skills runner
-(97 arrays, 16.5 MB) took 0.149 s a save as separate arrays and 0.048 s packed, against rounds of
+(97 arrays, 16.5 MB) took 0.146 s a save as separate arrays and 0.043 s packed, against rounds of
 about 0.5 s (a 2-core AMD EPYC with AVX-512, `benchmarks/runs/checkpoint_save.py`). With several
 processes each array is saved from the processes that hold its shards, as Orbax lays them out.
 Checkpoints of either layout restore.
