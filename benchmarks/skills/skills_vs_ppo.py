@@ -172,8 +172,7 @@ def stage_times(run_dir: Path) -> dict:
 
     out = {}
     for stage, dirname in (("chain", CHAIN_DIR), ("generalist", GENERALIST_DIR), ("manager", MANAGER_DIR)):
-        path = Path(run_dir) / dirname / "metrics.jsonl"
-        rows = read_jsonl(path) if path.is_file() else []
+        rows = read_jsonl(Path(run_dir) / dirname / "metrics.jsonl")  # [] for a stage the run did not have
         if rows:
             wall = sum(r["wall_s"] for r in rows)
             out[stage] = {"wall_s": wall, "first_chunk_s": rows[0]["wall_s"], "env_steps": rows[-1]["env_steps"],

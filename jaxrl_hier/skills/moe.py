@@ -77,9 +77,9 @@ def mixture_apply_mask(bank: Layers, x: jax.Array, idx: jax.Array, act: Callable
         every = jax.vmap(lambda layers: mlp_apply(layers, x, act))(bank)  # [G, B, out]
     else:
         experts, dout = bank[0]["bias"].shape
-        h = (x @ first_kernel).reshape(x.shape[0], experts, dout).transpose(1, 0, 2) + bank[0]["bias"][:, None]
-        h = act(h) if len(bank) > 1 else h
-        every = jax.vmap(lambda layers, h: mlp_apply(layers, h, act))(bank[1:], h) if len(bank) > 1 else h
+        every = (x @ first_kernel).reshape(x.shape[0], experts, dout).transpose(1, 0, 2) + bank[0]["bias"][:, None]
+        if len(bank) > 1:  # the hidden layers' activation, then the later layers expert by expert
+            every = jax.vmap(lambda layers, h: mlp_apply(layers, act(h), act))(bank[1:], every)
     return jnp.take_along_axis(every, idx[None, :, None], axis=0)[0]
 
 
