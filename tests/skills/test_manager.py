@@ -147,6 +147,38 @@ def test_a_primitive_choice_takes_its_base_action_for_one_step():
     assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held
 
 
+def test_the_mask_managers_rollout_lays_its_bank_out_once_and_acts_the_same():
+    """Under `mask` the manager's rollout acts with its experts' first layers side by side
+    (`acting_variables`, once per rollout): the same expert logits on every skill row, to the bit,
+    as the stacked bank gives; a closed manager (the generalist) keeps its variables as they are."""
+    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask"}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table", "make_wood_pickaxe"]
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: {"actor": jax.tree.map(lambda w, i=i: jax.random.normal(jax.random.key(i), w.shape),
+                                         policy.expert_zeros(obs_dim)["actor"])}
+               for i, s in enumerate(option_bank_names(lib, names))}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
+    obs, _ = jax.jit(jax.vmap(trainer.env.reset, (0, None)))(jax.random.split(jax.random.key(0), 5), trainer.params)
+    variables = jax.jit(trainer.policy.init)(jax.random.key(1), obs)
+    extra = {k: v for k, v in variables.items() if k != "params"}
+    acting = trainer.policy.acting_variables(extra)
+    bank = extra["experts"]["actor"]
+    assert acting["experts"]["first_kernel"].shape == (obs_dim, bank[0]["kernel"].shape[0] * bank[0]["kernel"].shape[-1])
+
+    @jax.jit
+    def expert_logits(e):  # every bank row, on every env's observation
+        pi, _ = trainer.policy.apply({"params": variables["params"], **e}, obs)
+        rows = jnp.arange(5) % bank[0]["kernel"].shape[0]
+        return pi.expert_logits(rows, jnp.ones(5, bool))
+
+    assert jnp.array_equal(expert_logits(acting), expert_logits(extra))
+    with_base = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask", "primitives": True}})
+    closed = ManagerTrainer(with_base, skill_env, base_params, lib, experts, names, closed=True)
+    assert closed.policy.acting_variables(extra) is extra
+
+
 def test_feature_inputs_say_which_library_skills_do_not_hold_yet_and_widen_the_network():
     """`manager.features`: one input per named skill, set while its conditions do not hold, whether
     or not the manager may choose that skill; the networks read them after the choices."""
@@ -183,7 +215,8 @@ def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
     names = ["collect_wood", "place_table"]
     obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
     experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in option_bank_names(lib, names)}
-    closed = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, closed=True)
+    with_base = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask", "primitives": True}})
+    closed = ManagerTrainer(with_base, skill_env, base_params, lib, experts, names, closed=True)
     acts = skill_env.base.action_names
     obs, _ = jax.jit(closed.env.reset)(jax.random.key(0), closed.params)
     assert obs["action_mask"].tolist() == [False, False] + [True] * len(acts)
