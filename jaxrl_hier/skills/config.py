@@ -188,9 +188,10 @@ class SkillsConfig:
     # 0.83 to 0.79 (mean of seeds 0-2; docs/skills.md, "Chain fine-tuning"), so the config keeps 4.
     chain_update_epochs: int = 0
     # The chain's expert dispatch. Every expert trains there, so `mask` pays every expert's backward
-    # pass on every row; `gather` runs only the routed one. On this 2-core CPU a TechTree chunk of 8
-    # experts took 2.12 s with gather, 2.57 s with mask, while in the skill rounds (one trainable
-    # expert, vmapped slots) mask is the faster (benchmarks/skills/skills_chain_speed.py, skills_compile.py).
+    # pass on every row; `gather` runs only the routed one. On a 2-core Intel Xeon @ 2.80GHz a
+    # TechTree chunk of 8 experts took 2.12 s with gather, 2.57 s with mask, while in the skill rounds
+    # (one trainable expert, vmapped slots) mask is the faster (benchmarks/skills/skills_chain_speed.py,
+    # skills_compile.py).
     chain_moe_dispatch: str = "gather"
     # The learned manager (skills.manager), after the chain fine-tuning: a section of its own.
     manager: ManagerConfig = field(default_factory=ManagerConfig)
