@@ -8,7 +8,8 @@ built from RUN as the scheduler builds them (its config, its completed skills wi
 experts, the manager's skills) and start from RUN's trained parameters (`RUN/manager`,
 `RUN/generalist`), so that the manager chooses its skills as often as it did at the end of training.
 Each stage compiles its chunk program (`updates_per_round` PPO updates) on a first call, then
-`--chunks` more chunks are timed. Writes DIR/manager_speed.json and DIR/manager_speed.md.
+`--chunks` more chunks are timed. A run without a generalist stage (TechTree's) times the manager
+alone. Writes DIR/manager_speed.json and DIR/manager_speed.md.
 """
 
 from __future__ import annotations
@@ -48,15 +49,19 @@ def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int) ->
 
 
 def markdown(result: dict) -> str:
-    info, gen, man = result["device"], result["generalist"], result["manager"]
+    info, gen = result["device"], result.get("generalist")
+    rows = [(stage, result[stage]) for stage in ("generalist", "manager") if stage in result]
+
+    def ratio(r: dict) -> str:  # against the generalist, where the run has one
+        return f"{r['steps_per_s'] / gen['steps_per_s']:.2f}" if gen else ""
+
     return "\n".join([
         f"# Manager against generalist: {result['env']}", "",
         f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; run `{result['run']}`, manager over "
         f"{', '.join(result['skills'])}.", "",
         "| stage | env steps/s | x generalist | chunk s | first chunk s |", "|---|---:|---:|---:|---:|",
-        f"| generalist | {gen['steps_per_s']:,.0f} | 1.00 | {gen['chunk_s']:.1f} | {gen['first_chunk_s']:.1f} |",
-        f"| manager | {man['steps_per_s']:,.0f} | {man['steps_per_s'] / gen['steps_per_s']:.2f} | "
-        f"{man['chunk_s']:.1f} | {man['first_chunk_s']:.1f} |", ""])
+        *(f"| {stage} | {r['steps_per_s']:,.0f} | {ratio(r)} | {r['chunk_s']:.3f} | {r['first_chunk_s']:.1f} |"
+          for stage, r in rows), ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.chunks < 1:
             raise ConfigError("--chunks must be at least 1.")
         state = load_state(args.run)
-        if state.manager.get("status") != "done" or state.generalist.get("status") != "done":
-            raise ConfigError(f"{args.run} has no finished generalist and manager stages: run "
-                              "`python -m jaxrl_hier.skills run` with `manager.generalist_timesteps` to the end first.")
+        if state.manager.get("status") != "done" or state.generalist.get("status") not in (None, "done"):
+            raise ConfigError(f"{args.run} has no finished manager stage (or its generalist stage is not done): "
+                              "run `python -m jaxrl_hier.skills resume` on it to the end first.")
         config = saved_config(args.run)
         catalog = check_config(config)
         agents = load_run(args.run, config, catalog)
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = state.manager["skills"]
     result = {"run": str(args.run), "env": config.env, "skills": names, "device": device_info()}
-    for stage, closed, dirname in (("generalist", True, GENERALIST_DIR), ("manager", False, MANAGER_DIR)):
+    stages = [("generalist", True, GENERALIST_DIR)] if state.generalist else []
+    for stage, closed, dirname in [*stages, ("manager", False, MANAGER_DIR)]:
         trainer = ManagerTrainer(config, agents.env, agents.base_params, agents.library, agents.experts, names,
                                  closed=closed)
         params = load_manager(args.run, trainer.params_like(), dirname)["manager"]

@@ -68,8 +68,7 @@ from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
 from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
 from jaxrl_hier.skills.env import Conditions, conditions_hold, route
-from jaxrl_hier.skills.moe import (init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts,
-                                   with_first_kernel)
+from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
 from jaxrl_hier.skills.trainer import load_expert, save_expert
@@ -283,10 +282,6 @@ class ManagerPolicy:
         extra = [obs["choices"], obs["running"][:, None]] + ([obs["features"]] if "features" in obs else [])
         return x, jnp.concatenate([x, *(e.astype(x.dtype) for e in extra)], axis=-1)
 
-    def acting_variables(self, extra: dict) -> dict:
-        """`extra` with the frozen bank laid out for acting, once per rollout (`skills.moe.with_first_kernel`)."""
-        return extra if self.closed else with_first_kernel(extra, self.dispatch)
-
     def init(self, key: jax.Array, obs: dict) -> dict:
         din = int(jax.eval_shape(self._inputs, obs)[1].shape[-1])
         k_actor, k_critic = jax.random.split(key)
@@ -300,7 +295,7 @@ class ManagerPolicy:
         params, bank = variables["params"], variables["experts"]["actor"]
         x, features = self._inputs(obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
-        mix = mixture_for(self.dispatch, first_kernel=variables["experts"].get("first_kernel"))
+        mix = mixture_for(self.dispatch)
         # run only when an action is sampled; never while the skills are closed
         expert_logits = None if self.closed else partial(mixture_apply_active, bank, x, act=act, mix=mix,
                                                          sync_axes=self.sync_axes)

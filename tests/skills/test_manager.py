@@ -5,6 +5,7 @@ and the scheduler's manager stage after the skills, through a kill in each of it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -145,38 +146,6 @@ def test_a_primitive_choice_takes_its_base_action_for_one_step():
     obs, state, reward, *_ = jax.jit(env.step)(jax.random.key(3), state, action[0], trainer.params)
     assert float(reward) == 1.0 and int(state.option) == -1 and not obs["running"]  # one step, then a decision
     assert obs["action_mask"].tolist() == [False, True] + [True] * len(acts)  # wood held
-
-
-def test_the_mask_managers_rollout_lays_its_bank_out_once_and_acts_the_same():
-    """Under `mask` the manager's rollout acts with its experts' first layers side by side
-    (`acting_variables`, once per rollout): the same expert logits on every skill row, to the bit,
-    as the stacked bank gives; a closed manager (the generalist) keeps its variables as they are."""
-    cfg = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask"}})
-    lib = techtree_library()
-    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
-    names = ["collect_wood", "place_table", "make_wood_pickaxe"]
-    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
-    experts = {s: {"actor": jax.tree.map(lambda w, i=i: jax.random.normal(jax.random.key(i), w.shape),
-                                         policy.expert_zeros(obs_dim)["actor"])}
-               for i, s in enumerate(option_bank_names(lib, names))}
-    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names)
-    obs, _ = jax.jit(jax.vmap(trainer.env.reset, (0, None)))(jax.random.split(jax.random.key(0), 5), trainer.params)
-    variables = jax.jit(trainer.policy.init)(jax.random.key(1), obs)
-    extra = {k: v for k, v in variables.items() if k != "params"}
-    acting = trainer.policy.acting_variables(extra)
-    bank = extra["experts"]["actor"]
-    assert acting["experts"]["first_kernel"].shape == (obs_dim, bank[0]["kernel"].shape[0] * bank[0]["kernel"].shape[-1])
-
-    @jax.jit
-    def expert_logits(e):  # every bank row, on every env's observation
-        pi, _ = trainer.policy.apply({"params": variables["params"], **e}, obs)
-        rows = jnp.arange(5) % bank[0]["kernel"].shape[0]
-        return pi.expert_logits(rows, jnp.ones(5, bool))
-
-    assert jnp.array_equal(expert_logits(acting), expert_logits(extra))
-    with_base = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask", "primitives": True}})
-    closed = ManagerTrainer(with_base, skill_env, base_params, lib, experts, names, closed=True)
-    assert closed.policy.acting_variables(extra) is extra
 
 
 def test_feature_inputs_say_which_library_skills_do_not_hold_yet_and_widen_the_network():
@@ -492,9 +461,20 @@ def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(ge
     assert result["skills"] == state.manager["skills"]
     assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0 for s in ("generalist", "manager"))
     assert "| manager |" in (tmp_path / "speed" / "manager_speed.md").read_text()
-    # A run without a generalist stage is refused with the fix, before anything is built or written.
-    assert manager_speed.main([str(reference[0]), "--out", str(tmp_path / "none")]) == 2
-    assert "generalist_timesteps" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # A run without a generalist stage (TechTree's config) times its manager alone.
+    alone = tmp_path / "alone"
+    shutil.copytree(reference[0], alone)
+    save_config(reference[2], alone / "config.yaml")
+    assert manager_speed.main([str(alone), "--out", str(tmp_path / "alone_speed"), "--chunks", "1"]) == 0
+    result = json.loads((tmp_path / "alone_speed" / "manager_speed.json").read_text())
+    assert "generalist" not in result and result["manager"]["steps"] == 64
+    # A run whose manager stage has not finished is refused with the fix, before anything is built or written.
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(alone, unfinished)
+    state_module.save_state(unfinished, dataclasses.replace(reference[1], manager={**reference[1].manager,
+                                                                                 "status": "running"}))
+    assert manager_speed.main([str(unfinished), "--out", str(tmp_path / "none")]) == 2
+    assert "skills resume" in capsys.readouterr().err and not (tmp_path / "none").exists()
 
 
 def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp_path, capsys):
