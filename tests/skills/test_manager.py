@@ -184,8 +184,7 @@ def test_a_closed_manager_takes_base_actions_only_and_sees_the_open_choices():
     names = ["collect_wood", "place_table"]
     obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
     experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in option_bank_names(lib, names)}
-    with_base = config(**{**STAGE, "manager": {**STAGE["manager"], "dispatch": "mask", "primitives": True}})
-    closed = ManagerTrainer(with_base, skill_env, base_params, lib, experts, names, closed=True)
+    closed = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, closed=True)
     acts = skill_env.base.action_names
     obs, _ = jax.jit(closed.env.reset)(jax.random.key(0), closed.params)
     assert obs["action_mask"].tolist() == [False, False] + [True] * len(acts)
