@@ -70,14 +70,13 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
             return jax.grad(lambda p: jnp.sum(apply(bank_of(p), x, idx, jnp.tanh) ** 2))(new_expert)
 
         def bank_grad(new_expert, x, idx, apply=apply, block_size=None):
-            bank = bank_of(new_expert) if frozen is None else jax.tree.map(
-                lambda f, n: jnp.concatenate([f, n[None]]), frozen, new_expert)
             mix = partial(apply, block_size=block_size) if block_size else apply
-            return jax.grad(lambda b: jnp.sum(mix(b, x, idx, jnp.tanh) ** 2))(bank)
+            # differentiated with respect to the whole bank, frozen rows included
+            return jax.grad(lambda b: jnp.sum(mix(b, x, idx, jnp.tanh) ** 2))(bank_of(new_expert))
 
-        sizes = block_sizes if name == "gather" else (None,)
+        blocks = block_sizes if name == "gather" else (None,)
         for workload, fn, bs in (("forward", forward, None), ("grad", grad, None),
-                                 *(("bank grad", partial(bank_grad, block_size=b), b) for b in sizes)):
+                                 *(("bank grad", partial(bank_grad, block_size=b), b) for b in blocks)):
             compile_s, run_s = time_compiled(jax.jit(fn), new, x, idx, repeats=repeats)
             block = (bs or default_block_size(rows, experts)) if name == "gather" else None
             out.append({"dispatch": name, "workload": workload, "experts": experts, "rows": rows, "run_s": run_s,

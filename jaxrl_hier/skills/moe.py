@@ -88,20 +88,6 @@ def side_by_side(kernel: jax.Array) -> jax.Array:
     return kernel.transpose(1, 0, 2).reshape(kernel.shape[1], -1)
 
 
-def with_first_kernel(extra: dict, dispatch: str) -> dict:
-    """A policy's variables `extra` with, under `mask`, its frozen bank's (`experts.actor`) first-layer
-    kernels side by side (`experts.first_kernel`, for `mixture_for`). The rollout
-    (`algorithms.ppo`, through a network's `acting_variables`) computes them once, where the product
-    of every expert's first layer would otherwise re-lay the bank out on every step (for an 8-row
-    TechTree bank, 8 to 28 ms of a 0.46 to 0.74 s round of 160 steps in two traces,
-    `skills_speed.py --trace`)."""
-    bank = extra["experts"]["actor"]
-    if dispatch != "mask" or not bank[0]["kernel"].shape[0]:
-        return extra
-    first = side_by_side(jax.lax.stop_gradient(bank[0]["kernel"]))
-    return {**extra, "experts": {**extra["experts"], "first_kernel": first}}
-
-
 def default_block_size(rows: int, experts: int) -> int:
     """Rows per block so that padding (< experts * block rows) stays under half the batch."""
     return max(1, rows // (2 * experts))
@@ -147,7 +133,7 @@ def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callab
 
 def mixture_for(dispatch: str, block_size: int | None = None, first_kernel: jax.Array | None = None) -> Callable:
     """The mixture function of a dispatch name: `mixture_apply_gather` (with `block_size`) or
-    `mixture_apply_mask` (with `first_kernel` where `with_first_kernel` laid it out)."""
+    `mixture_apply_mask` (with `first_kernel` where `MoEPolicy.acting_variables` laid it out)."""
     if dispatch == "gather":
         return partial(mixture_apply_gather, block_size=block_size) if block_size else mixture_apply_gather
     if dispatch == "mask":
@@ -224,8 +210,16 @@ class MoEPolicy:
         return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
 
     def acting_variables(self, extra: dict) -> dict:
-        """`extra` with the frozen bank laid out for acting, once per rollout (`with_first_kernel`)."""
-        return with_first_kernel(extra, self.dispatch)
+        """`extra` with, under `mask`, the frozen bank's first-layer kernels side by side
+        (`experts.first_kernel`, for `mixture_for`): the rollout (`algorithms.ppo`) computes them once,
+        where the product of every expert's first layer would otherwise re-lay the bank out on every
+        step (for an 8-row TechTree bank, 8 to 28 ms of a 0.46 to 0.74 s round of 160 steps in two
+        traces, `skills_speed.py --trace`)."""
+        bank = extra["experts"]["actor"]
+        if self.dispatch != "mask" or not bank[0]["kernel"].shape[0]:
+            return extra
+        first = side_by_side(jax.lax.stop_gradient(bank[0]["kernel"]))
+        return {**extra, "experts": {**extra["experts"], "first_kernel": first}}
 
     def init(self, key: jax.Array, obs: dict) -> dict:
         obs_dim = int(np.prod(obs["obs"].shape[1:]))
