@@ -81,7 +81,8 @@ def check_config(config: SkillsConfig):
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
     for what, names in (("manager.skills", config.manager.named_skills), ("manager.features", config.manager.named_features),
-                        ("skill_budgets", config.skill_budgets)):
+                        ("skill_budgets", config.skill_budgets),
+                        ("manager.restart_from", (config.manager.restart_from,) if config.manager.restart_from else ())):
         unknown = [s for s in names if s not in catalog]
         if unknown:
             raise ConfigError(f"{what} names {', '.join(repr(s) for s in unknown)}, not in the skill library."

@@ -62,6 +62,12 @@ class ManagerConfig:
     # library), or a list. A skill named here needs no expert; the features only say how far the
     # episode has come along the library's tree. (): the choices alone.
     features: tuple[str, ...] = ()
+    # Restarts of the generalist and manager stages (skills.manager, "Restarts"): the state where
+    # `restart_from`'s success conditions first held in a fresh-world episode is kept, and a finished
+    # episode starts from it with probability `restart_prob`, so the agent practises what follows a
+    # deep step it seldom reaches. "": the run's target. 0: fresh worlds only (evaluation always is).
+    restart_prob: float = 0.0
+    restart_from: str = ""
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -93,6 +99,8 @@ class ManagerConfig:
                               "trained generalist.")
         if self.dispatch not in ("gather", "mask"):
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
+        if not 0.0 <= self.restart_prob < 1.0:
+            raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: fresh worlds only), got {self.restart_prob}.")
 
     @property
     def named_skills(self) -> tuple[str, ...]:
@@ -257,6 +265,9 @@ class SkillsConfig:
         for key in ("moe_dispatch", "chain_moe_dispatch"):
             if getattr(self, key) not in ("gather", "mask"):
                 raise ConfigError(f"'{key}' must be 'gather' or 'mask', got '{getattr(self, key)}'.")
+        if self.manager.restart_prob and not self.manager.restart_from and self.target == "all":
+            raise ConfigError("'manager.restart_prob' restarts from the run's target, but 'target' is \"all\": name the "
+                              "skill to restart from in 'manager.restart_from'.")
         self.ppo_config()  # validates the ppo section
         if self.env_params:
             self.make_env()  # unknown fields: ConfigError naming them
@@ -298,6 +309,11 @@ class SkillsConfig:
         return dataclasses.replace(ppo, num_seeds=1, lr=m.lr, update_epochs=m.update_epochs or ppo.update_epochs,
                                    ent_coef=m.ent_coef, anneal_lr=m.anneal_lr and not closed,
                                    total_timesteps=max(m.timesteps, ppo.num_envs * ppo.num_steps))
+
+    @property
+    def manager_restart_from(self) -> str:
+        """The skill whose success states the generalist and manager stages restart from ("": none)."""
+        return (self.manager.restart_from or self.target) if self.manager.restart_prob else ""
 
     @property
     def steps_per_update(self) -> int:

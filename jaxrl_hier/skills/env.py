@@ -95,6 +95,15 @@ class SkillEnvState:
     has_anchor: Any = None
 
 
+def capture_anchor(capture: jax.Array, base_state: Any, base_obs: Any, state: Any) -> dict:
+    """The anchor fields of `state` (`anchor`, `anchor_obs`, `has_anchor`) with (`base_state`,
+    `base_obs`) kept where `capture`: restarts from a state reached in a fresh-world episode, here
+    and in the manager's env (skills.manager)."""
+    keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(capture, x, y), a, b)  # noqa: E731
+    return {"anchor": keep(base_state, state.anchor), "anchor_obs": keep(base_obs, state.anchor_obs),
+            "has_anchor": state.has_anchor | capture}
+
+
 def conditions_hold(q: jax.Array, cond: Conditions) -> jax.Array:
     """bool[...]: every valid row of `cond` holds for the quantity vector `q`."""
     x = q[cond.index]
@@ -247,9 +256,7 @@ class SkillEnv(Environment):
         if self.restart is not None:
             # The first step of a fresh-world episode on which S's own expert takes control.
             capture = own & ~state.reached & ~success & (params.skill.plan_len > 0)
-            keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(capture, x, y), a, b)  # noqa: E731
-            new = new.replace(anchor=keep(base_state, state.anchor), anchor_obs=keep(base_obs, state.anchor_obs),
-                              has_anchor=state.has_anchor | capture)
+            new = new.replace(**capture_anchor(capture, base_state, base_obs, state))
         return obs, new, reward, terminated | success, truncated & ~success, info
 
     def _restart(self, key: jax.Array, final: SkillEnvState, params: SkillEnvParams):

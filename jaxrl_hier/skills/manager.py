@@ -43,6 +43,13 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
   success conditions do not hold yet (on Craftax: the achievements still to unlock). Craftax's
   observation shows the inventory but not which achievements the episode has had, while its reward
   pays each achievement once: these inputs tell the value and the policy which rewards are left.
+- With `restart_prob` (restarts, as a deep skill's training has them, `skills.env`) the generalist
+  and manager stages keep, per env, the state where `restart_from`'s success conditions (by default
+  the run's target) first held in a fresh-world episode, and start a finished episode there with
+  that probability (between options, its time step and achievements as they were), an env without
+  one borrowing another's (`envs.vec`). A flat agent that seldom reaches a deep state practises
+  little of what follows it; the library's conditions say which states are deep. Evaluation always
+  starts from fresh worlds.
 
 `ManagerTrainer` builds the PPO program; the scheduler runs it after chain fine-tuning, in chunks of
 `updates_per_round` updates, checkpointed like every stage, and saves the manager under
@@ -67,7 +74,7 @@ from jaxrl_hier.envs.spaces import Discrete
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
 from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
-from jaxrl_hier.skills.env import Conditions, conditions_hold, route
+from jaxrl_hier.skills.env import Conditions, capture_anchor, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
 from jaxrl_hier.skills.spec import SkillError, SkillLibrary
@@ -95,6 +102,7 @@ class ManagerParams:
     options: Options
     option_steps: jax.Array  # int32: an option ends after this many base steps
     features: Conditions | None = None  # [F, C]: success conditions the network reads (`features`), if any
+    anchor: Conditions | None = None  # [C]: the success conditions whose first state restarts keep, if any
 
 
 @struct.dataclass
@@ -102,6 +110,14 @@ class ManagerState:
     base: Any
     option: jax.Array  # int32: the running option, -1 between options
     steps: jax.Array  # int32: base steps the running option has taken
+    # With restarts only (else None): this episode began from an anchor; the anchor's conditions have
+    # held in it; the base state and observation where they first held in the latest fresh-world
+    # episode, and whether there is one (`skills.env.capture_anchor`).
+    restarted: Any = None
+    passed: Any = None
+    anchor: Any = None
+    anchor_obs: Any = None
+    has_anchor: Any = None
 
 
 def option_bank_names(library: SkillLibrary, names: Sequence[str]) -> list[str]:
@@ -163,9 +179,15 @@ class ManagerEnv(Environment):
     `closed`: no skill may be chosen (the generalist stage); the observation's `choices`, which the
     manager's network reads, still show what the open manager could choose."""
 
-    def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False, closed: bool = False):
+    def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False, closed: bool = False,
+                 restart_prob: float = 0.0):
         if closed and not primitives:
             raise SkillError("a manager with its skills closed needs its base actions (primitives).")
+        if not 0.0 <= restart_prob < 1.0:
+            raise SkillError(f"restart_prob must lie in [0, 1), got {restart_prob}.")
+        self.restart_prob = float(restart_prob)
+        # VecEnv asks `restart` before handing out fresh worlds (see Environment.restart).
+        self.restart = self._restart if restart_prob > 0 else None
         self.skill_env, self.base = skill_env, skill_env.base
         self.num_actions, self.primitives, self.closed = int(num_actions), bool(primitives), bool(closed)
         self.name = f"Manager({self.base.name})"
@@ -190,7 +212,12 @@ class ManagerEnv(Environment):
     def reset(self, key: jax.Array, params: ManagerParams):
         base_obs, base_state = self.base.reset(key, params.base)
         option = jnp.int32(-1)
-        return self._observe(base_obs, base_state, option, params), ManagerState(base_state, option, jnp.int32(0))
+        state = ManagerState(base_state, option, jnp.int32(0))
+        if self.restart is not None:
+            passed = conditions_hold(self.skill_env.quantities(base_state), params.anchor)
+            state = state.replace(restarted=jnp.bool_(False), passed=passed, anchor=base_state, anchor_obs=base_obs,
+                                  has_anchor=jnp.bool_(False))
+        return self._observe(base_obs, base_state, option, params), state
 
     def step(self, key: jax.Array, state: ManagerState, action: jax.Array, params: ManagerParams):
         option, base_action = action // self.num_actions, action % self.num_actions
@@ -203,8 +230,22 @@ class ManagerEnv(Environment):
         holds = conditions_hold(q, jax.tree.map(lambda x: x[skill], params.options.success))
         ends = holds | (option >= num_skills) | (steps >= params.option_steps) | terminated | truncated
         option = jnp.where(ends, -1, option).astype(jnp.int32)
-        state = ManagerState(base_state, option, jnp.where(ends, 0, steps).astype(jnp.int32))
-        return self._observe(base_obs, base_state, option, params), state, reward, terminated, truncated, info
+        new = state.replace(base=base_state, option=option, steps=jnp.where(ends, 0, steps).astype(jnp.int32))
+        if self.restart is not None:
+            # the first state of a fresh-world episode where the anchor's conditions hold
+            passed = conditions_hold(q, params.anchor)
+            capture = passed & ~state.passed & ~state.restarted
+            new = new.replace(passed=state.passed | passed, **capture_anchor(capture, base_state, base_obs, state))
+        return self._observe(base_obs, base_state, option, params), new, reward, terminated, truncated, info
+
+    def _restart(self, key: jax.Array, final: ManagerState, params: ManagerParams):
+        """(obs, state, valid, want): the next episode from `final`'s anchor, between options (valid if
+        it has one), wanted with probability `restart_prob` (`envs.vec`; the module docstring)."""
+        want = jax.random.uniform(key) < self.restart_prob
+        option = jnp.int32(-1)
+        state = final.replace(base=final.anchor, option=option, steps=jnp.int32(0), restarted=jnp.bool_(True),
+                              passed=jnp.bool_(True))
+        return self._observe(final.anchor_obs, final.anchor, option, params), state, final.has_anchor, want
 
     def observation_space(self, params: ManagerParams):
         return self.base.observation_space(params.base)
@@ -342,10 +383,14 @@ class ManagerTrainer(PPOStage):
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
-        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed)
+        self.restart_from = config.manager_restart_from  # "": fresh worlds only
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed,
+                         config.manager.restart_prob if self.restart_from else 0.0)
         self.features = feature_skills(library, config.manager.features)
+        anchor = (jax.tree.map(lambda x: x[0], skill_env.conditions([library[self.restart_from]]))
+                  if self.restart_from else None)
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
-                               build_features(skill_env, library, self.features))
+                               build_features(skill_env, library, self.features), anchor)
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
                                env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
                                config.manager.dispatch, config.manager.greedy_experts, closed, ROLLOUT_AXES)

@@ -94,6 +94,46 @@ def test_an_option_runs_until_its_condition_or_its_cap_and_masks_follow():
     assert int(state.option) == -1 and obs["action_mask"].tolist() == [False, True, True]
 
 
+def test_restarts_keep_the_first_state_where_the_anchor_held_and_start_episodes_there():
+    """With restarts the manager's env keeps the state where `restart_from`'s conditions first held
+    in a fresh-world episode; a restart starts there between options, and a restarted episode keeps
+    the anchor it came from rather than taking a new one."""
+    cfg = config(**STAGE)
+    lib = techtree_library()
+    skill_env, base_params, _ = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood", "place_table"]
+    options = build_options(skill_env, lib, names, option_bank_names(lib, names))
+    with pytest.raises(SkillError, match="restart_prob"):
+        ManagerEnv(skill_env, len(skill_env.base.action_names), restart_prob=1.0)
+    env = ManagerEnv(skill_env, len(skill_env.base.action_names), restart_prob=0.999999)
+    anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([lib["collect_wood"]]))
+    params = ManagerParams(base_params, options, np.int32(3), None, anchor)
+    acts = skill_env.base.action_names
+    a = lambda option, action: names.index(option) * env.num_actions + acts.index(action)  # noqa: E731
+    reset, step, restart = jax.jit(env.reset), jax.jit(env.step), jax.jit(env.restart)
+    _, state = reset(jax.random.key(0), params)
+    state = hand_made_world(env, state)
+    assert not bool(state.passed) and not bool(restart(jax.random.key(1), state, params)[2])  # no anchor yet
+    _, state, *_ = step(jax.random.key(1), state, a("place_table", "noop"), params)  # place_table routes to wood
+    _, state, *_ = step(jax.random.key(2), state, a("place_table", "do"), params)  # wood: anchor kept
+    assert bool(state.has_anchor) and bool(state.passed) and int(state.anchor.timestep) == 2
+    assert int(state.option) == 1  # place_table's option runs on
+    for i in range(3):  # later steps of the episode do not move the anchor
+        _, state, *_ = step(jax.random.key(3 + i), state, a("place_table", "noop"), params)
+    assert int(state.anchor.timestep) == 2 and int(state.base.timestep) == 5
+    obs, again, valid, want = restart(jax.random.key(6), state, params)
+    assert bool(valid) and bool(want) and bool(again.restarted) and int(again.option) == -1
+    assert int(again.base.timestep) == 2 and int(again.base.inventory[0]) == 1 and not obs["running"]
+    assert obs["action_mask"].tolist() == [False, True]  # wood held: only place_table may start
+    # a restarted episode that loses its wood and gets it back keeps the anchor it started from
+    lost = again.replace(base=again.base.replace(inventory=again.base.inventory.at[0].set(0)), passed=jnp.bool_(False))
+    lost = lost.replace(anchor=lost.anchor.replace(timestep=jnp.int32(7)))
+    _, s, *_ = step(jax.random.key(7), lost, a("collect_wood", "do"), params)
+    assert int(s.base.inventory[0]) == 1 and int(s.anchor.timestep) == 7
+    # a fresh world has no anchor: a restart there is not valid
+    assert not bool(restart(jax.random.key(8), reset(jax.random.key(9), params)[1], params)[2])
+
+
 def test_every_skill_holding_lets_every_option_start():
     cfg = config(**STAGE)
     lib = techtree_library()
@@ -244,6 +284,24 @@ def test_a_manager_started_from_the_generalist_compiles_its_chunk_once():
     for _ in range(2):
         runner, _, _ = trainer.train(runner)
     assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1
+
+
+def test_generalist_training_restarts_finished_episodes_from_anchors():
+    """In the generalist stage's own program, finished episodes start again from the state where the
+    anchor first held (here: step 3 of an 8-step episode)."""
+    cfg = config(**{**STAGE, "env_params": {"max_steps": 8},
+                    "manager": {**STAGE["manager"], "primitives": True, "generalist_timesteps": 64,
+                                "restart_prob": 0.999999, "restart_from": "past_step_3"}})
+    lib = SkillLibrary((*techtree_library().skills, Skill("past_step_3", (), (Condition("timestep", ">=", 3.0),))))
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    names = ["collect_wood"]
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    experts = {s: fixed_expert(policy, obs_dim, {0: 5.0}) for s in option_bank_names(lib, names)}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, names, closed=True)
+    runner, _, _ = trainer.train(trainer.init(jax.random.key(0)))  # 2 updates of 4 steps: each env ends once
+    envs = jax.tree.map(lambda x: np.asarray(x[0]), runner.env_state.env_state)
+    assert envs.restarted.all() and envs.has_anchor.all()
+    assert (envs.anchor.timestep == 3).all() and (envs.base.timestep == 3).all()  # ended at 8, back at 3
 
 
 def variables_of(runner) -> dict:
@@ -495,6 +553,9 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
     ("manager: {timesteps: 100, features: [collect_wood, colect_stone]}", "manager.features names 'colect_stone'"),
     ("manager: {timesteps: 100, features: [all, collect_wood]}", "'features' mixes \"all\" with names"),
     ("skill_budgets: {collect_wod: 1000}", "skill_budgets names 'collect_wod'"),
+    ("manager: {timesteps: 100, restart_prob: 0.5, restart_from: colect_wood}",
+     "manager.restart_from names 'colect_wood'"),
+    ("manager: {timesteps: 100, restart_prob: 1.0}", "'restart_prob' must lie in [0, 1)"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
     path = tmp_path / "bad.yaml"
