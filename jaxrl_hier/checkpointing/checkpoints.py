@@ -20,7 +20,7 @@ Checkpoints of either layout restore.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -62,9 +62,9 @@ def _pack(tree: Any) -> tuple[dict, list]:
     return {name: a for name, a in packed.items() if a.size}, layout
 
 
-def _unpack(packed: dict, target: Any) -> Any:
-    """`target`'s structure filled from `_pack`'s arrays, each leaf on the target leaf's sharding."""
-    leaves, treedef = jax.tree.flatten(target)
+def _unpack(packed: dict, leaves: Sequence[Any], treedef: Any) -> Any:
+    """The target (its `leaves` and `treedef`) filled from `_pack`'s arrays, each leaf on the target
+    leaf's sharding."""
     offsets: dict[str, int] = {}
     out = []
     for want in leaves:
@@ -180,7 +180,8 @@ class Checkpointer:
         return state, meta
 
     def _restore_packed(self, step: int, target: Any, layout: list) -> Any:
-        paths, leaves = zip(*jax.tree_util.tree_flatten_with_path(target)[0]) if jax.tree.leaves(target) else ((), ())
+        flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+        paths, leaves = [p for p, _ in flat], [x for _, x in flat]
         want = [[str(x.dtype), list(np.shape(x))] for x in leaves]
         if want != layout:
             i = next((i for i, (a, b) in enumerate(zip(layout, want)) if a != b), min(len(layout), len(want)))
@@ -193,7 +194,7 @@ class Checkpointer:
                 "different network shape or config; resume with the checkpoint's config, or use a new --output-dir.")
         try:
             out = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-            return _unpack({name: np.asarray(a) for name, a in out["state"].items()}, target)
+            return _unpack({name: np.asarray(a) for name, a in out["state"].items()}, leaves, treedef)
         except Exception as err:
             raise CheckpointError(
                 f"checkpoint {self.directory}/{step} could not be restored ({type(err).__name__}: "
