@@ -28,6 +28,23 @@ def test_shares_and_first_steps_per_probe():
     assert out["probes"]["drink at 0"] == {"share": 0.25, "mean_first_step": 180.0}
     assert out["probes"]["health <= 3"] == {"share": 1.0, "mean_first_step": 140.0}
     assert out["probes"]["energy at 0"] == {"share": 0.0, "mean_first_step": None}
+    assert "ended_in_the_dark" not in out and out["median_length"] == 155.0
+
+
+def test_episodes_that_end_in_craftax_classics_night():
+    from jaxrl_hier.envs import make
+
+    _, params = make("Craftax-Classic-Symbolic-v1")
+    light = episode_ends.classic_light(params)
+    np.testing.assert_allclose(light(np.array([0, 100, 148, 210, 272, 300])), [0.8, 0.93, 0.49, 0.0, 0.49, 0.8],
+                               atol=0.006)
+    names = [p[0] for p in episode_ends.PROBES]
+    held, first = np.zeros((4, len(names)), bool), np.full((4, len(names)), -1)
+    # steps 210 and 500 are in the dark, 100 in daylight; the last episode ran to the limit
+    stats = EpisodeStats(np.zeros((4, 22), bool), np.zeros(4), np.array([210, 500, 100, 1000]), held, first,
+                         np.zeros((4, 1), np.int32))
+    out = episode_ends.summarise(stats, names, light, limit=1000)
+    assert out["ended_in_the_dark"] == 2 / 3
 
 
 def test_probes_name_craftax_quantities():

@@ -7,7 +7,11 @@ the fresh worlds of `skills eval --seed`, greedy and sampled, the same episodes,
 of skills: food, drink and energy at 0 and at 3 or less, and health at 3 or less. For each it
 reports the share of episodes where it held at some step and the mean step at which it first did.
 On Craftax a need at 0 drains health; an episode that ends with none of them ever at 0 ended by
-damage (zombies, skeletons, arrows, lava). Writes OUT/episode_ends.json (default RUN/eval/).
+damage (zombies, skeletons, arrows, lava). On Craftax-Classic, whose light level is a function of
+the time step alone (its `calculate_light_level`: dark, under 0.5, from step 148 to 272 of each
+300-step day), it also gives the share of the episodes that ended before the step limit whose
+last step fell in the dark, where zombies spawn up to six times as often.
+Writes OUT/episode_ends.json (default RUN/eval/).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
 import jax
@@ -36,14 +41,26 @@ PROBES = (("food at 0", "food", "<=", 0.0), ("drink at 0", "drink", "<=", 0.0), 
           ("health <= 3", "health", "<=", 3.0))
 
 
-def summarise(stats, names) -> dict:
-    held, first = np.asarray(stats.held), np.asarray(stats.first)
+def summarise(stats, names, light: Callable[[np.ndarray], np.ndarray] | None = None, limit: int = 0) -> dict:
+    """The figures of one mode; with `light` (time step -> light level) and the step `limit`, also
+    the share of the episodes that ended before it whose last step was in the dark (light < 0.5)."""
+    held, first, length = np.asarray(stats.held), np.asarray(stats.first), np.asarray(stats.length)
     need_out = held[:, :3].any(axis=1)  # some need reached 0
-    return {"mean_length": float(np.asarray(stats.length).mean()),
+    ended = length < limit
+    dark = {} if light is None else {
+        "ended_in_the_dark": float((np.asarray(light(length[ended])) < 0.5).mean()) if ended.any() else None}
+    return {"mean_length": float(length.mean()), "median_length": float(np.median(length)), **dark,
             "no_need_at_0": float((~need_out).mean()),
             "probes": {n: {"share": float(held[:, i].mean()),
                            "mean_first_step": float(first[held[:, i], i].mean()) if held[:, i].any() else None}
                        for i, n in enumerate(names)}}
+
+
+def classic_light(params) -> Callable[[np.ndarray], np.ndarray]:
+    """Time step -> Craftax-Classic's light level under `params` (its day length)."""
+    from craftax.craftax_classic.game_logic import calculate_light_level
+
+    return lambda t: np.asarray(calculate_light_level(np.asarray(t, np.float32), params))
 
 
 def main(argv=None) -> int:
@@ -62,9 +79,11 @@ def main(argv=None) -> int:
     final = final_agent(args.run, config, run, use_manager=not args.no_manager)
     agent, played = final.agent, final.played.replace(watch=watch)
     result = {"run": str(args.run), "agent": final.kind, "seed": args.seed, "episodes": args.episodes}
+    limit = episode_limit(run.base_params)
+    light = classic_light(run.base_params) if config.env.startswith("Craftax-Classic") else None
     result.update(play_both_modes(  # the worlds of `skills eval --seed`
-        lambda k, greedy: summarise(agent.evaluate(played, k, args.episodes, episode_limit(run.base_params), greedy),
-                                    [p[0] for p in PROBES]), jax.random.key(args.seed)))
+        lambda k, greedy: summarise(agent.evaluate(played, k, args.episodes, limit, greedy),
+                                    [p[0] for p in PROBES], light, limit), jax.random.key(args.seed)))
     out = args.out or args.run / "eval"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "episode_ends.json", result)
