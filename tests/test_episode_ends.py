@@ -43,8 +43,8 @@ def test_episodes_that_end_in_craftax_classics_night():
     # steps 210 and 500 are in the dark, 100 in daylight; the last episode ran to the limit
     stats = EpisodeStats(np.zeros((4, 22), bool), np.zeros(4), np.array([210, 500, 100, 1000]), held, first,
                          np.zeros((4, 1), np.int32))
-    out = episode_ends.summarise(stats, names, light, limit=1000)
-    assert out["ended_in_the_dark"] == 2 / 3
+    out = episode_ends.summarise(stats, names, light, limit=1000, day_length=300)
+    assert out["ended_in_the_dark"] == 2 / 3 and out["ended_on_day"] == {"1": 2 / 3, "2": 1 / 3, "3+": 0.0}
 
 
 def test_probes_name_craftax_quantities():

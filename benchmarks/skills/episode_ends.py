@@ -9,8 +9,9 @@ reports the share of episodes where it held at some step and the mean step at wh
 On Craftax a need at 0 drains health; an episode that ends with none of them ever at 0 ended by
 damage (zombies, skeletons, arrows, lava). On Craftax-Classic, whose light level is a function of
 the time step alone (its `calculate_light_level`: dark, under 0.5, from step 148 to 272 of each
-300-step day), it also gives the share of the episodes that ended before the step limit whose
-last step fell in the dark, where zombies spawn up to six times as often.
+300-step day, when zombies spawn up to six times as often), it also gives, over the episodes that
+ended before the step limit, the share whose last step fell in the dark and the share that ended
+on each day (1, 2, 3 or later).
 Writes OUT/episode_ends.json (default RUN/eval/).
 """
 
@@ -41,14 +42,20 @@ PROBES = (("food at 0", "food", "<=", 0.0), ("drink at 0", "drink", "<=", 0.0), 
           ("health <= 3", "health", "<=", 3.0))
 
 
-def summarise(stats, names, light: Callable[[np.ndarray], np.ndarray] | None = None, limit: int = 0) -> dict:
-    """The figures of one mode; with `light` (time step -> light level) and the step `limit`, also
-    the share of the episodes that ended before it whose last step was in the dark (light < 0.5)."""
+def summarise(stats, names, light: Callable[[np.ndarray], np.ndarray] | None = None, limit: int = 0,
+              day_length: int = 0) -> dict:
+    """The figures of one mode; with `light` (time step -> light level), `day_length` and the step
+    `limit`, also when the episodes that ended before the limit ended: the share in the dark (light
+    under 0.5) and the share on each day."""
     held, first, length = np.asarray(stats.held), np.asarray(stats.first), np.asarray(stats.length)
     need_out = held[:, :3].any(axis=1)  # some need reached 0
-    ended = length < limit
-    dark = {} if light is None else {
-        "ended_in_the_dark": float((np.asarray(light(length[ended])) < 0.5).mean()) if ended.any() else None}
+    ended = length[length < limit]
+    dark = {}
+    if light is not None and ended.size:
+        day = ended // day_length + 1
+        dark = {"ended_in_the_dark": float((np.asarray(light(ended)) < 0.5).mean()),
+                "ended_on_day": {"1": float((day == 1).mean()), "2": float((day == 2).mean()),
+                                 "3+": float((day >= 3).mean())}}
     return {"mean_length": float(length.mean()), "median_length": float(np.median(length)), **dark,
             "no_need_at_0": float((~need_out).mean()),
             "probes": {n: {"share": float(held[:, i].mean()),
@@ -83,7 +90,8 @@ def main(argv=None) -> int:
     light = classic_light(run.base_params) if config.env.startswith("Craftax-Classic") else None
     result.update(play_both_modes(  # the worlds of `skills eval --seed`
         lambda k, greedy: summarise(agent.evaluate(played, k, args.episodes, limit, greedy),
-                                    [p[0] for p in PROBES], light, limit), jax.random.key(args.seed)))
+                                    [p[0] for p in PROBES], light, limit, getattr(run.base_params, "day_length", 0)),
+        jax.random.key(args.seed)))
     out = args.out or args.run / "eval"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "episode_ends.json", result)
