@@ -534,6 +534,30 @@ def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(ge
     assert "skills resume" in capsys.readouterr().err and not (tmp_path / "none").exists()
 
 
+def test_forced_option_plays_the_manager_with_an_option_forced_where_a_condition_holds(reference, tmp_path, capsys):
+    from benchmarks.skills import forced_option
+
+    out, state, cfg = reference
+    run = tmp_path / "run"
+    shutil.copytree(out, run)
+    save_config(cfg, run / "config.yaml")  # as `skills run` writes it
+    args = [str(run), "--option", "collect_wood", "--when", "inventory.wood <= 0", "--episodes", "4",
+            "--out", str(tmp_path / "forced")]
+    assert forced_option.main(args) == 0
+    result = json.loads((tmp_path / "forced" / "forced_option.json").read_text())
+    label = "collect_wood (collect_wood)"
+    for mode in ("greedy", "sampled"):
+        # no wood at the start: every episode's first decision is collect_wood's, whose expert then acts
+        assert result["forced"][mode]["acting"].get(label, 0.0) > 0.0
+        assert result["as_trained"][mode]["episodes"] == result["forced"][mode]["episodes"] == 4
+    # an option the manager does not have, or a condition on an unknown quantity: one line, exit 2
+    assert forced_option.main([*args[:2], "collect_stone", *args[3:]]) == 2
+    assert "'collect_stone' is not an option" in capsys.readouterr().err
+    assert forced_option.main([*args[:4], "inventory.woood <= 0", *args[5:]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "inventory.woood" in err[0]
+
+
 def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp_path, capsys):
     from benchmarks.skills import skills_speed
 
