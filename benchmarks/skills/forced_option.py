@@ -17,7 +17,6 @@ each skill's expert acted, greedy and sampled, for the agent as trained and with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
