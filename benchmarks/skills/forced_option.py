@@ -32,7 +32,7 @@ from jaxrl_hier.config import ConfigError, load_config  # noqa: E402
 from jaxrl_hier.io import atomic_write_json  # noqa: E402
 from jaxrl_hier.skills.cli import check_config  # noqa: E402
 from jaxrl_hier.skills.composed import episode_limit, load_run, summarize  # noqa: E402
-from jaxrl_hier.skills.composition import play_both_modes, play_episodes  # noqa: E402
+from jaxrl_hier.skills.composition import play_both_modes  # noqa: E402
 from jaxrl_hier.skills.config import SkillsConfig  # noqa: E402
 from jaxrl_hier.skills.env import Conditions, conditions_hold  # noqa: E402
 from jaxrl_hier.skills.manager import ManagedAgent, ManagerTrainer, load_manager  # noqa: E402
@@ -55,12 +55,8 @@ class ForcedAgent(ManagedAgent):
         only = jnp.arange(obs["action_mask"].shape[1]) == self.option
         return {**obs, "action_mask": jnp.where(force[:, None], only, obs["action_mask"])}
 
-    def _play(self, managed, key, episodes, max_steps, greedy):
-        def act(obs, state, k):
-            return self.actions(managed, self.forced_obs(obs, state), k, greedy)
-
-        return play_episodes(self.env, managed.params, act, lambda state: self.held(managed, state), key, episodes,
-                             max_steps, len(self.labels))
+    def act(self, managed, obs, state, key, greedy):
+        return super().act(managed, self.forced_obs(obs, state), state, key, greedy)
 
 
 def parse_when(text: str) -> tuple[Condition, ...]:
@@ -98,8 +94,8 @@ def main(argv=None) -> int:
     limit = episode_limit(run.base_params)
     result = {"run": str(args.run), "option": args.option, "when": args.when, "seed": args.seed,
               "episodes": args.episodes}
-    for name, agent in (("as_trained", ManagedAgent(trainer)),
-                        ("forced", ForcedAgent(trainer, skills.index(args.option), jax.tree.map(lambda x: x[0], when)))):
+    forced = ForcedAgent(trainer, skills.index(args.option), jax.tree.map(lambda x: x[0], when))
+    for name, agent in (("as_trained", ManagedAgent(trainer)), ("forced", forced)):
         managed = agent.managed(trainer, params, watch)
         result[name] = play_both_modes(lambda k, greedy: summarize(
             agent.evaluate(managed, k, args.episodes, limit, greedy), names, rewards, list(run.experts), agent.labels),

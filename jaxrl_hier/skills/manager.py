@@ -383,12 +383,10 @@ class ManagerTrainer(PPOStage):
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
-        self.restart_from = config.manager_restart_from  # "": fresh worlds only
-        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed,
-                         config.manager.restart_prob if self.restart_from else 0.0)
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob)
         self.features = feature_skills(library, config.manager.features)
-        anchor = (jax.tree.map(lambda x: x[0], skill_env.conditions([library[self.restart_from]]))
-                  if self.restart_from else None)
+        restart_from = config.manager_restart_from  # "": fresh worlds only (restart_prob 0)
+        anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([library[restart_from]])) if restart_from else None
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
                                build_features(skill_env, library, self.features), anchor)
         policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
@@ -466,12 +464,18 @@ class ManagedAgent:
         label = jnp.where(option >= self.num_skills, len(self.labels) - 1, option * len(self.bank_names) + row)
         return action, label
 
+    def act(self, managed: Managed, obs: dict, state: ManagerState, key: jax.Array,
+            greedy: bool) -> tuple[jax.Array, jax.Array]:
+        """`actions` as the played episodes take them (`play_episodes`, `record_episode`): a subclass
+        that acts on the state too overrides this one."""
+        return self.actions(managed, obs, key, greedy)
+
     def held(self, managed: Managed, state: ManagerState) -> jax.Array:
         return jax.vmap(lambda s: conditions_hold(self.skill_env.quantities(s), managed.watch))(state.base)
 
     def _play(self, managed: Managed, key: jax.Array, episodes: int, max_steps: int, greedy: bool) -> EpisodeStats:
         def act(obs, state, k):
-            return self.actions(managed, obs, k, greedy)
+            return self.act(managed, obs, state, k, greedy)
 
         return play_episodes(self.env, managed.params, act, lambda state: self.held(managed, state), key, episodes,
                              max_steps, len(self.labels))
@@ -482,7 +486,7 @@ class ManagedAgent:
     def episode_frames(self, managed: Managed, key: jax.Array, max_steps: int, greedy: bool):
         """One episode's frames, label index ([T], into `labels`) and achievements, cut at its end."""
         return record_episode(self.env, managed.params,
-                              lambda obs, state, k: self.actions(managed, obs, k, greedy), key, max_steps)
+                              lambda obs, state, k: self.act(managed, obs, state, k, greedy), key, max_steps)
 
 
 __all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
