@@ -628,7 +628,8 @@ def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcont
 
     def loss(params, traj, adv, targets, dtype):
         traj = traj._replace(obs=traj.obs.astype(dtype))
-        log_prob, entropy, value = trainer._evaluate(cast(params, dtype), {}, traj, None)
+        pi, value = trainer._evaluate(cast(params, dtype), {}, traj, None)
+        log_prob, entropy = pi.log_prob(traj.action), pi.entropy()
         from jaxrl_hier.algorithms.ppo import ppo_loss
 
         return ppo_loss(log_prob.astype(jnp.float32), entropy.astype(jnp.float32), value.astype(jnp.float32),

@@ -319,7 +319,7 @@ class PPO:
         return env_state, obs, hidden, traj, adv, targets, jax.tree.map(lambda x: x.sum(0), ep)
 
     def _evaluate(self, params, extra, traj: Transition, hidden0):
-        """(log_prob, entropy, value) of the stored actions under `params`. Feed-forward: a flat batch.
+        """(action distribution, value) of the stored steps under `params`. Feed-forward: a flat batch.
         Recurrent: [T, B] sequences, re-run from the rollout's initial hidden state `hidden0` [B, ...],
         zeroed after every step that ended an episode, as in the rollout."""
         if not self.recurrent:
@@ -328,13 +328,24 @@ class PPO:
             done = traj.terminated | traj.truncated
             reset = jnp.concatenate([jnp.zeros_like(done[:1]), done[:-1]], axis=0)
             _, pi, value = self.network.apply({"params": params, **extra}, hidden0, traj.obs, reset)
-        return pi.log_prob(traj.action), pi.entropy(), value
+        return pi, value
 
     def _loss(self, params, extra, traj: Transition, adv, targets, hidden0=None):
         c = self.config
-        log_prob, entropy, value = self._evaluate(params, extra, traj, hidden0)
-        return ppo_loss(log_prob, entropy, value, traj.log_prob, traj.value, adv, targets, clip_eps=c.clip_eps,
-                        vf_coef=c.vf_coef, ent_coef=c.ent_coef, axis_name=DATA_AXIS)
+        pi, value = self._evaluate(params, extra, traj, hidden0)
+        # A policy whose distribution prices its actions itself (`log_prob_and_penalty`: a per-row
+        # penalty beside the log-prob, e.g. a KL of tuned experts to their frozen selves) adds it to
+        # the loss; a plain distribution adds nothing.
+        if hasattr(pi, "log_prob_and_penalty"):
+            log_prob, penalty = pi.log_prob_and_penalty(traj.action)
+        else:
+            log_prob, penalty = pi.log_prob(traj.action), None
+        total, metrics = ppo_loss(log_prob, pi.entropy(), value, traj.log_prob, traj.value, adv, targets,
+                                  clip_eps=c.clip_eps, vf_coef=c.vf_coef, ent_coef=c.ent_coef, axis_name=DATA_AXIS)
+        if penalty is None:
+            return total, metrics
+        total = total + penalty.mean()
+        return total, {**metrics, "loss": total, "penalty": penalty.mean()}
 
     def _minibatch_indices(self, k_epoch, shard_ids, global_env):
         """Per-epoch permutations: feed-forward, of each env's time steps keyed by its global index

@@ -68,6 +68,11 @@ class ManagerConfig:
     # deep step it seldom reaches. "": the run's target. 0: fresh worlds only (evaluation always is).
     restart_prob: float = 0.0
     restart_from: str = ""
+    # The manager stage also trains the experts its options run, on the base reward in the states
+    # where it calls them, each held near its frozen self by a KL penalty of this weight
+    # (skills.manager, "Tuned experts"). False: the experts stay frozen.
+    tune_experts: bool = False
+    expert_kl: float = 0.1
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -101,6 +106,10 @@ class ManagerConfig:
             raise ConfigError(f"'dispatch' must be 'gather' or 'mask', got '{self.dispatch}'.")
         if not 0.0 <= self.restart_prob < 1.0:
             raise ConfigError(f"'restart_prob' must lie in [0, 1) (0: fresh worlds only), got {self.restart_prob}.")
+        if self.expert_kl < 0:
+            raise ConfigError(f"'expert_kl' must be >= 0 (0: no penalty), got {self.expert_kl}.")
+        if self.tune_experts and self.greedy_experts:
+            raise ConfigError("'tune_experts' trains the experts' sampled actions: set 'greedy_experts: false'.")
 
     @property
     def named_skills(self) -> tuple[str, ...]:

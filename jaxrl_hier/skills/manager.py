@@ -301,19 +301,61 @@ class OptionPolicy:
         return self.manager.entropy()
 
 
+class TunedOptionPolicy(OptionPolicy):
+    """`OptionPolicy` whose experts train with the manager (`manager.tune_experts`): the log-probability
+    of an action is the manager's of its choice plus, on a step a skill acts, its expert's of the base
+    action taken, so PPO's ratio and gradient cover both; `log_prob_and_penalty` adds each such step's
+    KL of the expert to its frozen self (`reference_logits`), weighted by `expert_kl`. The entropy
+    bonus stays the manager's: the KL is what holds the experts."""
+
+    def __init__(self, logits: jax.Array, rows: jax.Array, expert_logits: Callable, reference_logits: Callable,
+                 expert_kl: float, num_actions: int, num_skills: int):
+        super().__init__(logits, rows, expert_logits, num_actions, num_skills)
+        self.reference_logits, self.expert_kl = reference_logits, expert_kl
+
+    def _expert_terms(self, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(choice, the acting expert's log-prob of the base action (0 where the manager acts itself),
+        its KL to the frozen expert (0 there too)), each [N]."""
+        option, base = action // self.num_actions, action % self.num_actions
+        skill = option < self.num_skills
+        row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
+        tuned = jax.nn.log_softmax(self.expert_logits(row, skill), axis=-1)
+        frozen = jax.nn.log_softmax(jax.lax.stop_gradient(self.reference_logits(row, skill)), axis=-1)
+        log_prob = jnp.take_along_axis(tuned, base[:, None], axis=1)[:, 0]
+        kl = (jnp.exp(tuned) * (tuned - frozen)).sum(-1)
+        return option, jnp.where(skill, log_prob, 0.0), jnp.where(skill, kl, 0.0)
+
+    def log_prob(self, action: jax.Array) -> jax.Array:
+        option, expert, _ = self._expert_terms(action)
+        return self.manager.log_prob(option) + expert
+
+    def kl(self, action: jax.Array) -> jax.Array:
+        """[N]: each step's KL of its acting expert to that expert's frozen self (0 where the manager acts)."""
+        return self._expert_terms(action)[2]
+
+    def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
+        option, expert, kl = self._expert_terms(action)
+        return self.manager.log_prob(option) + expert, self.expert_kl * kl
+
+
 class ManagerPolicy:
     """Manager actor and critic MLPs over [observation, open choices, running]; the frozen expert bank
     in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`. `closed`: the
-    skills are closed (`ManagerEnv`), so no expert ever runs."""
+    skills are closed (`ManagerEnv`), so no expert ever runs. `tune`: the parameters also hold a copy
+    of the bank (`params["experts"]`) that acts and trains, the frozen bank its KL reference
+    (`TunedOptionPolicy`); a parameter tree with such a copy acts through it whatever `tune` says."""
 
     def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
                  num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False,
-                 closed: bool = False, sync_axes: tuple[str, ...] = ()):
+                 closed: bool = False, sync_axes: tuple[str, ...] = (), tune: bool = False, expert_kl: float = 0.0):
         # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
         self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
         self.dispatch, self.greedy_experts, self.closed = dispatch, greedy_experts, closed
         self.sync_axes = sync_axes  # the mapped axes it acts under (`skills.moe.mixture_apply_active`)
+        if tune and (closed or greedy_experts):
+            raise SkillError("tuned experts need the skills open and sampled experts (greedy_experts: false).")
+        self.tune, self.expert_kl = tune, float(expert_kl)
 
     @staticmethod
     def _inputs(obs: dict) -> tuple[jax.Array, jax.Array]:
@@ -327,22 +369,29 @@ class ManagerPolicy:
         din = int(jax.eval_shape(self._inputs, obs)[1].shape[-1])
         k_actor, k_critic = jax.random.split(key)
         hidden = [self.hidden_size] * self.num_layers
-        return {"params": {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
-                           "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)},
-                "experts": {"actor": jax.tree.map(jnp.asarray, self.bank)}}
+        bank = jax.tree.map(jnp.asarray, self.bank)
+        params = {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
+                  "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)}
+        return {"params": {**params, "experts": bank} if self.tune else params, "experts": {"actor": bank}}
 
     def apply(self, variables: dict, obs: dict):
         act = ACTIVATIONS[self.activation]
-        params, bank = variables["params"], variables["experts"]["actor"]
+        params, frozen = variables["params"], variables["experts"]["actor"]
         x, features = self._inputs(obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
-        mix = mixture_for(self.dispatch)
-        # run only when an action is sampled; never while the skills are closed
-        expert_logits = None if self.closed else partial(mixture_apply_active, bank, x, act=act, mix=mix,
-                                                         sync_axes=self.sync_axes)
         value = mlp_apply(params["critic"], features, act)[:, 0]
-        return (OptionPolicy(logits, obs["rows"], expert_logits, self.num_actions, self.num_skills,
-                             self.greedy_experts), value)
+        if self.closed:  # no expert ever runs
+            return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value
+        # the experts run only when an action is sampled or priced, on the rows whose choice is a skill
+        def experts(bank: Any) -> Callable[[jax.Array, jax.Array], jax.Array]:  # (rows, active) -> logits
+            return partial(mixture_apply_active, bank, x, act=act, mix=mixture_for(self.dispatch),
+                           sync_axes=self.sync_axes)
+
+        acting = experts(params.get("experts", frozen))
+        if self.tune:
+            return TunedOptionPolicy(logits, obs["rows"], acting, experts(frozen), self.expert_kl,
+                                     self.num_actions, self.num_skills), value
+        return OptionPolicy(logits, obs["rows"], acting, self.num_actions, self.num_skills, self.greedy_experts), value
 
 
 def with_skill_prior(policy: ManagerPolicy, params: dict, extra: dict, obs: dict, prior: float) -> dict:
@@ -378,7 +427,7 @@ class ManagerTrainer(PPOStage):
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
                  names: Sequence[str], closed: bool = False, start: Any = None, ppo: Any = None):
-        self.names, self.start = list(names), start
+        self.names, self.start = list(names), None
         self.bank_names = option_bank_names(library, self.names)
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = ppo or config.manager_ppo_config(closed)
@@ -389,10 +438,19 @@ class ManagerTrainer(PPOStage):
         anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([library[restart_from]])) if restart_from else None
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
                                build_features(skill_env, library, self.features), anchor)
-        policy = ManagerPolicy(stack_experts([experts[s]["actor"] for s in self.bank_names]), len(self.names),
-                               env.num_choices(params), num_actions, ppo.hidden_size, ppo.num_layers, ppo.activation,
-                               config.manager.dispatch, config.manager.greedy_experts, closed, ROLLOUT_AXES)
+        tune = config.manager.tune_experts and not closed
+        bank = stack_experts([experts[s]["actor"] for s in self.bank_names])
+        policy = ManagerPolicy(bank, len(self.names), env.num_choices(params), num_actions, ppo.hidden_size,
+                               ppo.num_layers, ppo.activation, config.manager.dispatch, config.manager.greedy_experts,
+                               closed, ROLLOUT_AXES, tune, config.manager.expert_kl)
         super().__init__(config, ppo, env, params, policy)
+        if start is not None:
+            self.begin_from(start)
+
+    def begin_from(self, params: dict) -> None:
+        """Start the stage from `params` (the generalist's, `generalist_like`) instead of a fresh
+        initialisation; with tuned experts, the bank as the skills trained it joins them."""
+        self.start = {**params, "experts": jax.tree.map(np.asarray, self.policy.bank)} if self.policy.tune else params
 
     def init(self, key: jax.Array) -> Any:
         # From `start` PPO.init lays the parameters out on the mesh like the rest of the runner (jit
@@ -413,6 +471,11 @@ class ManagerTrainer(PPOStage):
         batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape), x.dtype), obs)
         shapes = jax.eval_shape(lambda k, o: self.policy.init(k, o)["params"], jax.random.key(0), batch)
         return {"manager": jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)}
+
+    def generalist_like(self) -> dict:
+        """`params_like` of the generalist this stage starts from: the manager's network alone."""
+        like = self.params_like()
+        return {"manager": {k: v for k, v in like["manager"].items() if k != "experts"}}
 
     def result(self, runner: Any) -> dict:
         """The manager's own parameters (host arrays), for `save_manager`."""

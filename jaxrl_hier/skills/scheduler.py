@@ -281,7 +281,7 @@ class Scheduler:
             return
         trainer = ManagerTrainer(c, env, base_params, library, experts, record["skills"])
         if self.state.generalist:  # the manager starts from the generalist's parameters
-            trainer.start = load_manager(self.dir, trainer.params_like(), GENERALIST_DIR)["manager"]
+            trainer.begin_from(load_manager(self.dir, trainer.generalist_like(), GENERALIST_DIR)["manager"])
         self._run_stage("manager", record, trainer, c.manager.timesteps,
                         {"manager_skills": ",".join(record["skills"])},
                         lambda runner: save_manager(self.dir, trainer.result(runner),
