@@ -21,7 +21,9 @@ Design: options (Sutton, Precup and Singh 1999) with frozen experts.
   steps). Its value function sees the running option too, so GAE's bootstraps inside an option
   are the values of the augmented state.
 - The experts are frozen (a `experts` variable collection, never seen by the optimiser): the
-  manager's PPO update runs the manager's network only. An expert acts inside the sampled
+  manager's PPO update runs the manager's network only. With `tune_experts` the parameters also hold
+  a copy of the bank that acts and trains on the base reward where the manager calls it, held near
+  the frozen bank by a KL penalty (`TunedOptionPolicy`). An expert acts inside the sampled
   action: the manager's distribution (`OptionPolicy`) samples the option, reads the bank row of
   the expert that option routes to (`rows`, computed by the env from the live state), and samples
   that expert's base action through the mixture's gather dispatch; the env receives both as one
