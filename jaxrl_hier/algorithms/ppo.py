@@ -344,8 +344,9 @@ class PPO:
                                   clip_eps=c.clip_eps, vf_coef=c.vf_coef, ent_coef=c.ent_coef, axis_name=DATA_AXIS)
         if penalty is None:
             return total, metrics
-        total = total + penalty.mean()
-        return total, {**metrics, "loss": total, "penalty": penalty.mean()}
+        penalty = penalty.mean()
+        total = total + penalty
+        return total, {**metrics, "loss": total, "penalty": penalty}
 
     def _minibatch_indices(self, k_epoch, shard_ids, global_env):
         """Per-epoch permutations: feed-forward, of each env's time steps keyed by its global index

@@ -315,29 +315,36 @@ class TunedOptionPolicy(OptionPolicy):
         super().__init__(logits, rows, expert_logits, num_actions, num_skills)
         self.reference_logits, self.expert_kl = reference_logits, expert_kl
 
-    def _expert_terms(self, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(choice, the acting expert's log-prob of the base action (0 where the manager acts itself),
-        its KL to the frozen expert (0 there too)), each [N]."""
-        option, base = action // self.num_actions, action % self.num_actions
+    def _tuned(self, action: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(choice, whether a skill acts, its bank row, the acting expert's log-probs [N, A]), each row."""
+        option = action // self.num_actions
         skill = option < self.num_skills
         row = jnp.take_along_axis(self.rows, option[:, None], axis=1)[:, 0]
-        tuned = jax.nn.log_softmax(self.expert_logits(row, skill), axis=-1)
+        return option, skill, row, jax.nn.log_softmax(self.expert_logits(row, skill), axis=-1)
+
+    def _log_prob(self, action: jax.Array, option: jax.Array, skill: jax.Array, tuned: jax.Array) -> jax.Array:
+        """The manager's log-prob of the choice plus, where a skill acts, its expert's of the base action."""
+        base = (action % self.num_actions)[:, None]
+        return self.manager.log_prob(option) + jnp.where(skill, jnp.take_along_axis(tuned, base, axis=1)[:, 0], 0.0)
+
+    def _kl(self, skill: jax.Array, row: jax.Array, tuned: jax.Array) -> jax.Array:
+        """Each row's KL of its acting expert to that expert's frozen self (0 where the manager acts)."""
         frozen = jax.nn.log_softmax(jax.lax.stop_gradient(self.reference_logits(row, skill)), axis=-1)
-        log_prob = jnp.take_along_axis(tuned, base[:, None], axis=1)[:, 0]
-        kl = (jnp.exp(tuned) * (tuned - frozen)).sum(-1)
-        return option, jnp.where(skill, log_prob, 0.0), jnp.where(skill, kl, 0.0)
+        return jnp.where(skill, (jnp.exp(tuned) * (tuned - frozen)).sum(-1), 0.0)
 
     def log_prob(self, action: jax.Array) -> jax.Array:
-        option, expert, _ = self._expert_terms(action)
-        return self.manager.log_prob(option) + expert
+        # the rollout's call: the frozen experts' reference is not needed here
+        option, skill, _, tuned = self._tuned(action)
+        return self._log_prob(action, option, skill, tuned)
 
     def kl(self, action: jax.Array) -> jax.Array:
         """[N]: each step's KL of its acting expert to that expert's frozen self (0 where the manager acts)."""
-        return self._expert_terms(action)[2]
+        _, skill, row, tuned = self._tuned(action)
+        return self._kl(skill, row, tuned)
 
     def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
-        option, expert, kl = self._expert_terms(action)
-        return self.manager.log_prob(option) + expert, self.expert_kl * kl
+        option, skill, row, tuned = self._tuned(action)
+        return self._log_prob(action, option, skill, tuned), self.expert_kl * self._kl(skill, row, tuned)
 
 
 class ManagerPolicy:
