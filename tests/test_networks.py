@@ -74,3 +74,40 @@ def test_gru_resets_hidden_where_an_episode_starts():
     np.testing.assert_allclose(out[3:, 0], fresh[:, 0], rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(out[:, 1], full[:, 1])
     assert not np.allclose(out[3:, 0], full[3:, 0])
+
+
+def test_bf16_matmul_rounds_its_operands_and_accumulates_in_float32():
+    from jaxrl_hier.networks.precision import bf16_matmul
+
+    kx, kw, kg = jax.random.split(jax.random.PRNGKey(0), 3)
+    x, w = jax.random.normal(kx, (48, 40)), jax.random.normal(kw, (40, 24))
+    g = jax.random.normal(kg, (48, 24))  # the cotangent of the product
+    r = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)  # noqa: E731
+    hi = jax.lax.Precision.HIGHEST
+    y, vjp = jax.vjp(bf16_matmul, x, w)
+    dx, dw = vjp(g)
+    assert y.dtype == dx.dtype == dw.dtype == jnp.float32
+    # Every product (forward, input cotangent, kernel cotangent) is of bf16-rounded operands.
+    np.testing.assert_allclose(y, jnp.dot(r(x), r(w), precision=hi), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, jnp.dot(r(g), r(w).T, precision=hi), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, jnp.dot(r(x).T, r(g), precision=hi), rtol=1e-5, atol=1e-5)
+    # ... and so differs from the float32 product, by bf16's rounding only.
+    assert 0 < float(jnp.abs(dw - x.T @ g).max()) < 0.02 * float(jnp.abs(x.T @ g).max())
+
+
+def test_bf16_mlp_keeps_float32_parameters_and_follows_the_float32_network():
+    obs = jax.random.uniform(jax.random.PRNGKey(0), (6, 3, 12))  # leading axes are flattened and restored
+    f32 = make_network("mlp", num_actions=5, hidden_size=32, num_layers=2, activation="tanh")
+    bf16 = make_network("mlp", num_actions=5, hidden_size=32, num_layers=2, activation="tanh", matmul_dtype="bfloat16")
+    params = bf16.init(jax.random.PRNGKey(1), obs)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    (pi_a, v_a), (pi_b, v_b) = f32.apply(params, obs), bf16.apply(params, obs)
+    assert pi_b.logits.shape == (6, 3, 5) and v_b.shape == (6, 3) and v_b.dtype == jnp.float32
+    np.testing.assert_allclose(pi_b.logits, pi_a.logits, atol=2e-3)
+    np.testing.assert_allclose(v_b, v_a, atol=3e-2)
+    assert not np.array_equal(np.asarray(v_b), np.asarray(v_a))  # the products really ran in bf16
+
+
+def test_bf16_matmuls_are_for_the_mlp_only():
+    with pytest.raises(ValueError, match="for the 'mlp' network only, not 'cnn'"):
+        make_network("cnn", 3, 8, 1, "tanh", matmul_dtype="bfloat16")

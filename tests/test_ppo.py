@@ -40,6 +40,21 @@ def test_learns_cartpole(cartpole_run):
     assert np.nanmean(returns[-10:]) > 150, returns
 
 
+def test_bf16_matmuls_learn_cartpole():
+    # The same run with the MLP's products in bf16 (float32 parameters and optimiser) learns as well.
+    config = PPOConfig(total_timesteps=32 * 64 * 60, matmul_dtype="bfloat16", **CARTPOLE)
+    runner, metrics = make_train(config)(jax.random.PRNGKey(0))
+    returns = np.asarray(metrics["episode_return"])[:, 0]
+    assert np.nanmean(returns[-10:]) > 150, returns
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(runner.train_state.params))
+
+
+def test_bf16_matmuls_are_refused_where_the_network_is_not_an_mlp():
+    # Pixel observations get the CNN under network "auto": refused before anything compiles.
+    with pytest.raises(ConfigError, match="applies to the MLP network only; Craftax-Classic-Pixels-v1 gets the 'cnn'"):
+        make_train(PPOConfig(env="Craftax-Classic-Pixels-v1", num_envs=8, matmul_dtype="bfloat16"))
+
+
 def test_same_seed_same_numbers(cartpole_run):
     trainer, runner, metrics = cartpole_run
     runner2, metrics2 = trainer(jax.random.PRNGKey(0))

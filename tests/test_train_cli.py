@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
         (["--config", "does/not/exist.yaml"], ["config file not found: does/not/exist.yaml"]),
         (["--config", "ppo_cartpol"], ["config file not found: ppo_cartpol.", "Did you mean 'ppo_cartpole'?",
                                         "packaged config: grpo_arithmetic,"]),
+        (["matmul_dtype=float16"], ["'matmul_dtype' must be 'float32' or 'bfloat16', got 'float16'"]),
+        (["network=gru", "matmul_dtype=bfloat16"], ["'matmul_dtype: bfloat16' applies to the MLP network only"]),
         (["novalue"], ["not of the form key=value"]),
         (["--resume"], ["--resume needs --output-dir"]),
     ],

@@ -80,7 +80,8 @@ PEER_DEFAULTS = {
 # ---------------------------------------------------------------------------- settings
 def settings(args) -> dict:
     return {"num_steps": args.num_steps, "num_minibatches": args.minibatches, "update_epochs": args.epochs,
-            "width": args.width, "updates": args.updates, "lr": args.lr, "reset_ratio": args.reset_ratio}
+            "width": args.width, "updates": args.updates, "lr": args.lr, "reset_ratio": args.reset_ratio,
+            "matmul_dtype": args.matmul_dtype}
 
 
 def peer_config(env: str, num_envs: int, s: dict) -> dict:
@@ -207,7 +208,8 @@ class Ours:
                                 num_minibatches=s["num_minibatches"], update_epochs=s["update_epochs"],
                                 hidden_size=s["width"], num_layers=3, activation="tanh", network="mlp", lr=s["lr"],
                                 total_timesteps=num_envs * s["num_steps"] * s["updates"], reset_mode="pool",
-                                reset_ratio=s["reset_ratio"], seed=seed, **(overrides or {}))
+                                reset_ratio=s["reset_ratio"], seed=seed,
+                                **{"matmul_dtype": s.get("matmul_dtype", "float32"), **(overrides or {})})
         trainer = make_train(self.config)
         self.seed_keys = jax.random.split(jax.random.PRNGKey(seed), self.config.num_seeds)
         t0 = time.perf_counter()
@@ -383,7 +385,8 @@ def write_outputs(result: dict, out: Path) -> None:
     lines += ["", f"Same process, equal work: {s['updates']} updates of num_envs x {s['num_steps']} steps, "
               f"{s['update_epochs']} epochs x {s['num_minibatches']} minibatches, width {s['width']} (3 layers, tanh), "
               f"from fresh worlds and parameters; each side compiled ahead, one warm-up call, then timed to "
-              f"block_until_ready (initialisation included on both sides). Ours: pool resets 1/{s['reset_ratio']}; "
+              f"block_until_ready (initialisation included on both sides). Ours: pool resets 1/{s['reset_ratio']}, "
+              f"matrix products in {s.get('matmul_dtype', 'float32')} (parameters float32); "
               f"peer: Craftax_Baselines ppo.py unchanged (commit {result.get('peer_commit') or 'unknown'}), "
               f"optimistic resets 1/{s['reset_ratio']}. Env-only: our vectorised env alone over the same "
               f"num_envs x {s['num_steps'] * s['updates']} steps from fresh worlds, random actions, pool resets "
@@ -750,6 +753,8 @@ def main(argv=None) -> int:
     parser.add_argument("--updates", type=int, default=20, help="PPO updates per timed call (20+: episodes end)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--reset-ratio", type=int, default=16)
+    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="our MLP's matrix products (PPOConfig.matmul_dtype); the peer's stay float32")
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per side (alternating), best kept")
     parser.add_argument("--compile-workers", type=int, default=1,
                         help="compile every point's programs ahead in this many threads (a GPU host's spare cores)")

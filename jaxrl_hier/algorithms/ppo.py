@@ -492,8 +492,11 @@ def make_train(
         space = env.observation_space(env_params)
         space = space["obs"] if isinstance(space, dict) else space  # {"obs", "action_mask"} observations
         kind = config.network if config.network != "auto" else ("cnn" if len(space.shape) == 3 else "mlp")
+        if kind != "mlp" and config.matmul_dtype != "float32":
+            raise ConfigError(f"'matmul_dtype: {config.matmul_dtype}' applies to the MLP network only; {config.env} "
+                              f"gets the '{kind}' network. Set matmul_dtype: float32.")
         network = make_network(kind, env.action_space(env_params).n, config.hidden_size, config.num_layers,
-                               config.activation, config.rnn_hidden_size)
+                               config.activation, config.rnn_hidden_size, config.matmul_dtype)
     # Checked again now that the network (maybe a caller's recurrent one) and the env shards are known.
     config.check_minibatches(bool(getattr(network, "is_recurrent", False)), num_shards)
     mesh = jax.make_mesh((num_devices,), (DATA_AXIS,), axis_types=(jax.sharding.AxisType.Auto,),

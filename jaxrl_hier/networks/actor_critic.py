@@ -19,6 +19,7 @@ import numpy as np
 from flax.linen.initializers import constant
 
 from jaxrl_hier.networks.init import orthogonal
+from jaxrl_hier.networks.precision import matmul_dot_general
 
 ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 # Large but finite: -inf would make the entropy (0 * -inf) and the log-ratio of PPO NaN.
@@ -39,20 +40,22 @@ def policy(logits: jax.Array, mask: Any) -> distrax.Categorical:
     return distrax.Categorical(logits=logits)
 
 
-def _dense(features: int, scale: float) -> nn.Dense:
-    return nn.Dense(features, kernel_init=orthogonal(scale), bias_init=constant(0.0))
+def _dense(features: int, scale: float, matmul_dtype: str = "float32") -> nn.Dense:
+    return nn.Dense(features, kernel_init=orthogonal(scale), bias_init=constant(0.0),
+                    dot_general=matmul_dot_general(matmul_dtype))
 
 
 class MLPTrunk(nn.Module):
     hidden_size: int
     num_layers: int
     activation: str
+    matmul_dtype: str = "float32"  # the products' dtype (`networks.precision`); parameters stay float32
 
     @nn.compact
     def __call__(self, x):
         act = ACTIVATIONS[self.activation]
         for _ in range(self.num_layers):
-            x = act(_dense(self.hidden_size, np.sqrt(2))(x))
+            x = act(_dense(self.hidden_size, np.sqrt(2), self.matmul_dtype)(x))
         return x
 
 
@@ -63,12 +66,14 @@ class ActorCriticMLP(nn.Module):
     hidden_size: int = 512
     num_layers: int = 3
     activation: str = "tanh"
+    matmul_dtype: str = "float32"
 
     @nn.compact
     def __call__(self, obs):
         x, mask = split_obs(obs)
-        logits = _dense(self.num_actions, 0.01)(MLPTrunk(self.hidden_size, self.num_layers, self.activation)(x))
-        value = _dense(1, 1.0)(MLPTrunk(self.hidden_size, self.num_layers, self.activation)(x))
+        trunk = lambda: MLPTrunk(self.hidden_size, self.num_layers, self.activation, self.matmul_dtype)  # noqa: E731
+        logits = _dense(self.num_actions, 0.01, self.matmul_dtype)(trunk()(x))
+        value = _dense(1, 1.0, self.matmul_dtype)(trunk()(x))
         return policy(logits, mask), jnp.squeeze(value, -1)
 
 

@@ -11,12 +11,15 @@ from jaxrl_hier.networks.recurrent import ActorCriticGRU
 
 
 def make_network(kind: str, num_actions: int, hidden_size: int, num_layers: int, activation: str,
-                 rnn_hidden_size: int = 0) -> nn.Module:
+                 rnn_hidden_size: int = 0, matmul_dtype: str = "float32") -> nn.Module:
     """The network named by a config: 'mlp' for flat observations, 'cnn' for pixels, 'gru' for a
     recurrent actor-critic (GRU of `rnn_hidden_size` units, 0: `hidden_size`), 'gps' for the graph
-    transformer over search trees (`jaxrl_hier.networks.gps`, `num_layers` GPS layers)."""
+    transformer over search trees (`jaxrl_hier.networks.gps`, `num_layers` GPS layers).
+    `matmul_dtype` 'bfloat16' (the MLP only) runs its products in bf16 (`networks.precision`)."""
+    if matmul_dtype != "float32" and kind != "mlp":
+        raise ValueError(f"matmul dtype '{matmul_dtype}' is for the 'mlp' network only, not '{kind}'.")
     if kind == "mlp":
-        return ActorCriticMLP(num_actions, hidden_size, num_layers, activation)
+        return ActorCriticMLP(num_actions, hidden_size, num_layers, activation, matmul_dtype)
     if kind == "cnn":
         return ActorCriticCNN(num_actions, hidden_size, activation="relu" if activation == "tanh" else activation)
     if kind == "gru":
