@@ -20,6 +20,7 @@ from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, metrics_to_records,
 from jaxrl_hier.config import ConfigError
 from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.spaces import Box, Discrete
+from jaxrl_hier.networks import make_network
 
 CARTPOLE = dict(env="CartPole-v1", num_envs=32, num_steps=64, num_minibatches=4, hidden_size=64, num_layers=2,
                 lr=2.5e-3, gae_lambda=0.95, reset_mode="auto")
@@ -53,6 +54,10 @@ def test_bf16_matmuls_are_refused_where_the_network_is_not_an_mlp():
     # Pixel observations get the CNN under network "auto": refused before anything compiles.
     with pytest.raises(ConfigError, match="applies to the MLP network only; Craftax-Classic-Pixels-v1 gets the 'cnn'"):
         make_train(PPOConfig(env="Craftax-Classic-Pixels-v1", num_envs=8, matmul_dtype="bfloat16"))
+    # A network passed in (the skills' experts, say) runs its own products: the setting would do nothing.
+    with pytest.raises(ConfigError, match="the network passed in runs its own"):
+        make_train(PPOConfig(env="CartPole-v1", num_envs=8, matmul_dtype="bfloat16"),
+                   network=make_network("mlp", 2, 8, 1, "tanh"))
 
 
 def test_same_seed_same_numbers(cartpole_run):

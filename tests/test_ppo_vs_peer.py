@@ -65,7 +65,7 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
                        # the best of three calls per side: one call of a few milliseconds, descheduled on
                        # two busy cores (the suite runs two workers), once timed env stepping alone slower
                        # than the whole loop
-                       "--repeats", "3"])
+                       "--repeats", "3", "--matmul-dtype", "bfloat16"])
     assert code == 1
     result = json.loads((out / "ppo_vs_peer.json").read_text())
     assert {r["system"] for r in result["records"]} == {bench.OURS, bench.PEER, bench.ENV_ONLY}
@@ -84,6 +84,9 @@ def test_fast_peer_fails_the_check_and_everything_is_recorded(tmp_path):
     assert result["peer_commit"] == "abc123" and result["settings"]["updates"] == 3
     table = (out / "ppo_vs_peer.md").read_text()
     assert "| CartPole-v1 | 8 |" in table and "abc123" in table and "2026-11-27" in table and "Env-only" in table
+    # Ours ran its products in bf16 (the peer's are its own, float32), and both say so.
+    assert result["settings"]["matmul_dtype"] == ours["matmul_dtype"] == "bfloat16"
+    assert "matrix products in bfloat16 (parameters float32)" in table
     # the vector extensions name the processor where the model name alone does not ("AMD EPYC")
     flags = result["device"]["cpu_flags"]
     assert set(flags.split()) <= set(VECTOR_FLAGS) and (not flags or f"with {flags}" in table)
@@ -177,6 +180,11 @@ def test_gpu_script_dry_run(tmp_path):
     tiny = subprocess.run(["bash", str(ROOT / "benchmarks/device/ppo_peer_gpu.sh"), str(tmp_path / "o")],
                           capture_output=True, text=True, env={**env, "TINY": "1"}, cwd=ROOT, timeout=60)
     assert tiny.returncode == 0 and "--num-envs 16 " in tiny.stdout and "--updates 2 " in tiny.stdout
+    assert "--matmul-dtype" not in text
+    bf16 = subprocess.run(["bash", str(ROOT / "benchmarks/device/ppo_peer_gpu.sh"), str(tmp_path / "o")],
+                          capture_output=True, text=True, env={**env, "MATMUL_DTYPE": "bfloat16"}, cwd=ROOT, timeout=60)
+    assert bf16.returncode == 0 and "--matmul-dtype bfloat16" in bf16.stdout
+    assert "benchmarks/results/h200/ppo_peer_bfloat16" in bf16.stdout
 
 
 def test_fps_ppo_point_is_the_same_measurement(monkeypatch, tmp_path):

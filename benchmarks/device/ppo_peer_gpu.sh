@@ -34,7 +34,8 @@
 # ENV_ONLY=1 (env stepping alone beside each point), DEADLINE_S, PEER_COMMIT (where PEER_DIR is no
 # git checkout), XLA_CACHE_OUT=1 (pack the compiled programs into OUT), NUM_STEPS (64), UPDATES (20), WIDTH (512),
 # COMPILE_WORKERS (12), REPEATS (1), GPU_NAME (from nvidia-smi), RESULTS (benchmarks/results/<gpu>/ppo_peer),
-# PYTHON (python3), CHECK=1 (exit 1 when ours is slower),
+# PYTHON (python3), CHECK=1 (exit 1 when ours is slower), MATMUL_DTYPE (bfloat16: our MLP's products in bf16,
+# float32 parameters; its results default to benchmarks/results/<gpu>/ppo_peer_bfloat16),
 # TINY=1 (16 envs x 16 steps, 2 updates, width 64: a CPU-sized smoke run), DRY_RUN=1 (print the
 # commands, run nothing).
 set -uo pipefail
@@ -47,12 +48,13 @@ else
   sizes=${NUM_ENVS:-1024 4096 16384} steps=${NUM_STEPS:-64} updates=${UPDATES:-20} width=${WIDTH:-512}
 fi
 source "$(dirname "$0")/gpu_name.sh"  # $gpu
-results=${RESULTS:-benchmarks/results/$gpu/ppo_peer}
+results=${RESULTS:-benchmarks/results/$gpu/ppo_peer${MATMUL_DTYPE:+_$MATMUL_DTYPE}}
 if [ -n "${POINTS:-}" ]; then where=(--points $POINTS); else where=(--envs $envs --num-envs $sizes); fi
 cmd=("${PYTHON:-python3}" benchmarks/ppo/ppo_vs_peer.py --peer-dir "$peer" --out "$out" "${where[@]}"
      --num-steps "$steps" --updates "$updates" --width "$width" --repeats "${REPEATS:-1}"
      --compile-workers "${COMPILE_WORKERS:-12}" --append ${CHECK:+--check} ${ENV_ONLY:+--env-only}
-     ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${PEER_COMMIT:+--peer-commit "$PEER_COMMIT"})
+     ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${PEER_COMMIT:+--peer-commit "$PEER_COMMIT"}
+     ${MATMUL_DTYPE:+--matmul-dtype "$MATMUL_DTYPE"})
 if [ -n "${DRY_RUN:-}" ]; then
   echo "results: $results"
   echo "${cmd[*]}"

@@ -94,7 +94,8 @@ def write_outputs(result: dict, out: Path) -> None:
               f"{cfg['env']}, {result['env_steps']:,} env steps a seed, {cfg['num_seeds']} seeds vmapped, "
               f"{cfg['num_envs']} envs x {cfg['num_steps']} steps, width {cfg['hidden_size']} x {cfg['num_layers']}; "
               f"final return: the mean episode return over each seed's last {result['arms'][0]['tail_updates']} "
-              f"updates. Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores), "
+              f"updates. Device {info.get('device')} ({info.get('cpu_model')}, {info.get('cpu_count')} cores"
+              f"{', with ' + info['cpu_flags'] if info.get('cpu_flags') else ''}), "
               f"jax {info.get('jax')}, flax {info.get('flax')}; {result['date']}."]
     atomic_write_text(out / "matmul_dtype.md", "\n".join(lines) + "\n")
 
@@ -105,7 +106,9 @@ def write_outputs(result: dict, out: Path) -> None:
     per_update = result["steps_per_update_per_seed"]
     for arm in result["arms"]:
         curve = np.asarray(arm["curve"], dtype=np.float64)
-        x = np.arange(1, curve.shape[0] + 1) * per_update
+        seen = ~np.all(np.isnan(curve), axis=1)  # the first updates, where no episode has ended yet
+        x = np.arange(1, curve.shape[0] + 1)[seen] * per_update
+        curve = curve[seen]
         ax.plot(x, np.nanmean(curve, axis=1), label=f"{arm['matmul_dtype']} (mean of seeds)")
         ax.fill_between(x, np.nanmin(curve, axis=1), np.nanmax(curve, axis=1), alpha=0.2)
     ax.set(xlabel="env steps (a seed)", ylabel="mean episode return", title=f"{cfg['env']}: PPO, products in f32 vs bf16")

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import importlib.util
 import json
@@ -604,9 +605,11 @@ def profile(env: str, num_envs: int, s: dict, warmup_steps: int = 400, log=print
 def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcontext) -> dict:
     """Speed levers measured on the update's dearest pieces, each against its float32 / per-leaf
     form at the same shapes (observations random: dense matrix products take the same time on any
-    values): bf16 matrix products with float32 parameters (the parameters and observations cast
-    inside the loss, so gradients and the optimiser stay float32) for the epochs' forward+backward
-    and the rollout's forward, and the optimiser on one flat vector instead of per-leaf arrays."""
+    values): bf16 matrix products with float32 parameters for the epochs' forward+backward and the
+    rollout's forward, in two forms: the parameters and observations cast inside the loss (autodiff's
+    own backward pass), and the trainer's `matmul_dtype: bfloat16` network (`networks.precision`:
+    every product, backward included, of bf16 operands accumulated in float32); and the optimiser on
+    one flat vector instead of per-leaf arrays."""
     import optax
 
     from jaxrl_hier.algorithms.ppo import PPOConfig, Transition, make_train
@@ -615,6 +618,7 @@ def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcont
                        update_epochs=s["update_epochs"], hidden_size=s["width"], num_layers=3, network="mlp",
                        total_timesteps=num_envs * s["num_steps"] * max(s["updates"], 2), lr=s["lr"])
     trainer = make_train(config)
+    bf16_net = make_train(dataclasses.replace(config, matmul_dtype="bfloat16"))
     T, N, M, E = config.num_steps, num_envs, config.num_minibatches, config.update_epochs
     obs_dim = trainer.env.observation_space(trainer.env_params).shape[0]
     n_actions = trainer.env.action_space(trainer.env_params).n
@@ -629,28 +633,28 @@ def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcont
     def cast(tree, dtype):
         return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
-    def loss(params, traj, adv, targets, dtype):
+    def loss(params, traj, adv, targets, dtype, net=trainer):
         traj = traj._replace(obs=traj.obs.astype(dtype))
-        pi, value = trainer._evaluate(cast(params, dtype), {}, traj, None)
+        pi, value = net._evaluate(cast(params, dtype), {}, traj, None)
         log_prob, entropy = pi.log_prob(traj.action), pi.entropy()
         from jaxrl_hier.algorithms.ppo import ppo_loss
 
         return ppo_loss(log_prob.astype(jnp.float32), entropy.astype(jnp.float32), value.astype(jnp.float32),
                         traj.log_prob, traj.value, adv, targets, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01)
 
-    def fwd_bwd(dtype):
+    def fwd_bwd(dtype, net=trainer):
         def run(params, mbs):
             def body(_, mb):
-                return None, jax.grad(lambda p: loss(p, *mb, dtype)[0])(params)
+                return None, jax.grad(lambda p: loss(p, *mb, dtype, net)[0])(params)
 
             return jax.lax.scan(body, None, mbs)[1]
 
         return run
 
-    def rollout_forward(dtype):
+    def rollout_forward(dtype, net=trainer):
         def run(params, obs, key):
             def body(_, x):
-                pi, value = trainer.apply(cast(params, dtype), {}, x[0].astype(dtype))
+                pi, value = net.apply(cast(params, dtype), {}, x[0].astype(dtype))
                 a = pi.sample(seed=x[1])
                 return None, (a, pi.log_prob(a).astype(jnp.float32), value.astype(jnp.float32))
 
@@ -690,8 +694,11 @@ def levers(env: str, num_envs: int, s: dict, log=print, turn=contextlib.nullcont
     for piece, fn, args, times in [
         ("forward + backward (epochs), float32", fwd_bwd(jnp.float32), (params, mbs), E),
         ("forward + backward (epochs), bf16 matmuls", fwd_bwd(jnp.bfloat16), (params, mbs), E),
+        ("forward + backward (epochs), matmul_dtype bfloat16", fwd_bwd(jnp.float32, bf16_net), (params, mbs), E),
         ("policy forward (rollout), float32", rollout_forward(jnp.float32), (params, rollout_obs, k[0]), 1),
         ("policy forward (rollout), bf16 matmuls", rollout_forward(jnp.bfloat16), (params, rollout_obs, k[0]), 1),
+        ("policy forward (rollout), matmul_dtype bfloat16", rollout_forward(jnp.float32, bf16_net),
+         (params, rollout_obs, k[0]), 1),
         ("optimiser (epochs), per-leaf arrays", optimise(False), (params, grads), E),
         ("optimiser (epochs), one flat vector", optimise(True), (params, grads), E),
     ]:

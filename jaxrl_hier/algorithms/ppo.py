@@ -488,6 +488,9 @@ def make_train(
         env_params = default_params if env_params is None else env_params
     elif env_params is None:
         env_params = env.default_params
+    if network is not None and config.matmul_dtype != "float32":
+        raise ConfigError(f"'matmul_dtype: {config.matmul_dtype}' sets the products of the network the config "
+                          "names; the network passed in runs its own. Set matmul_dtype: float32.")
     if network is None:
         space = env.observation_space(env_params)
         space = space["obs"] if isinstance(space, dict) else space  # {"obs", "action_mask"} observations

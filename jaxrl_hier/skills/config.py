@@ -296,6 +296,11 @@ class SkillsConfig:
         if clash:
             raise ConfigError(f"'ppo.{sorted(clash)[0]}' is set by the skills config (env, max_parallel_skills, "
                               "skill_timesteps, seed); remove it from the ppo section.")
+        if self.ppo.get("matmul_dtype", "float32") != "float32":
+            # The experts, chain and manager are networks of their own (skills.moe); only flat PPO
+            # beside them would take the setting, and the comparison would no longer be like for like.
+            raise ConfigError(f"'ppo.matmul_dtype: {self.ppo['matmul_dtype']}' is for PPO's own MLP; the skills' "
+                              "experts run float32 products. Remove it from the ppo section.")
         values: dict[str, Any] = {"eval_gif": False, **self.ppo, "env": self.env,
                                   "num_seeds": self.max_parallel_skills, "anneal_lr": False, "seed": self.seed}
         steps = values.get("num_envs", PPOConfig.num_envs) * values.get("num_steps", PPOConfig.num_steps)
