@@ -28,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
                                         "packaged config: grpo_arithmetic,"]),
         (["matmul_dtype=float16"], ["'matmul_dtype' must be 'float32' or 'bfloat16', got 'float16'"]),
         (["network=gru", "matmul_dtype=bfloat16"], ["'matmul_dtype: bfloat16' applies to the MLP network only"]),
+        (["env=Craftax-Classic-Pixels-v1"],  # the default config names the MLP
+         ["network 'mlp' reads observations of rank 1, but Craftax-Classic-Pixels-v1 gives shape (63, 63, 3)",
+          "Set network: cnn (or auto)"]),
         (["novalue"], ["not of the form key=value"]),
         (["--resume"], ["--resume needs --output-dir"]),
     ],

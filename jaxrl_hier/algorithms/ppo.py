@@ -495,6 +495,12 @@ def make_train(
         space = env.observation_space(env_params)
         space = space["obs"] if isinstance(space, dict) else space  # {"obs", "action_mask"} observations
         kind = config.network if config.network != "auto" else ("cnn" if len(space.shape) == 3 else "mlp")
+        shape = tuple(getattr(space, "shape", ()) or ())
+        wants = {"mlp": 1, "gru": 1, "cnn": 3}.get(kind)  # the observation rank each network reads
+        if wants is not None and len(shape) != wants:
+            fix = "network: cnn (or auto)" if len(shape) == 3 else "network: mlp (or auto)"
+            raise ConfigError(f"network '{kind}' reads observations of rank {wants}, but {config.env} gives shape "
+                              f"{shape}. Set {fix}.")
         if kind != "mlp" and config.matmul_dtype != "float32":
             raise ConfigError(f"'matmul_dtype: {config.matmul_dtype}' applies to the MLP network only; {config.env} "
                               f"gets the '{kind}' network. Set matmul_dtype: float32.")
