@@ -36,8 +36,7 @@ from jaxrl_hier.algorithms.ppo import PPOConfig, make_train, summarize  # noqa: 
 from jaxrl_hier.bench import device_info  # noqa: E402
 from jaxrl_hier.config import ConfigError, load_config  # noqa: E402
 from jaxrl_hier.io import atomic_write_json, atomic_write_text  # noqa: E402
-
-DTYPES = ("float32", "bfloat16")
+from jaxrl_hier.networks.precision import MATMUL_DTYPES  # noqa: E402
 
 
 def run_arm(config: PPOConfig, log=print) -> dict:
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
     try:
         base = load_config(PPOConfig, args.config, args.overrides)
         base = dataclasses.replace(base, num_seeds=args.seeds, checkpoint_every=0)
-        configs = [dataclasses.replace(base, matmul_dtype=d) for d in DTYPES]
+        configs = [dataclasses.replace(base, matmul_dtype=d) for d in MATMUL_DTYPES]
         for c in configs:
             c.validate()
     except ConfigError as e:

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import jaxrl_hier  # noqa: F401  (sets XLA flags before JAX starts)
 from jaxrl_hier.bench import cpu_ticks, device_info, steal_fraction
+from jaxrl_hier.networks.precision import MATMUL_DTYPES
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
@@ -760,7 +761,7 @@ def main(argv=None) -> int:
     parser.add_argument("--updates", type=int, default=20, help="PPO updates per timed call (20+: episodes end)")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--reset-ratio", type=int, default=16)
-    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default="float32",
+    parser.add_argument("--matmul-dtype", choices=MATMUL_DTYPES, default="float32",
                         help="our MLP's matrix products (PPOConfig.matmul_dtype); the peer's stay float32")
     parser.add_argument("--repeats", type=int, default=1, help="timed calls per side (alternating), best kept")
     parser.add_argument("--compile-workers", type=int, default=1,

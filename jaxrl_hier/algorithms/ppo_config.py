@@ -37,8 +37,9 @@ class PPOConfig:
     activation: str = "tanh"
     # The MLP's matrix products: "float32", or "bfloat16" (operands rounded to bf16, accumulated in
     # float32, parameters and optimiser float32; `jaxrl_hier.networks.precision`). bfloat16 pays on
-    # CPUs with AVX-512 BF16 (1.26-1.59x the whole loop, learning unchanged: docs/ppo.md); on CPUs
-    # without native bf16 it is slower; on GPUs not yet timed in this form.
+    # CPUs with AVX-512 BF16 (figures with their machine and learning curves: docs/ppo.md); on CPUs
+    # without native bf16 it is slower; on GPUs not yet timed in this form. The names are
+    # `networks.precision.MATMUL_DTYPES`, repeated here so that a config loads without JAX.
     matmul_dtype: str = "float32"
     seed: int = 0
     num_seeds: int = 1

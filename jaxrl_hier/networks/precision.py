@@ -3,9 +3,10 @@
 `matmul_dot_general("bfloat16")` gives Dense a product that rounds both operands to bfloat16 and
 accumulates in float32, in the forward pass and in both products of the backward pass (the input's
 and the kernel's cotangents); parameters, optimiser state and every other op stay float32. On a CPU
-with AVX-512 BF16 XLA runs such products at about twice the float32 rate; GPUs multiply bf16
-natively too (this form is not yet timed on one); on a CPU without native bf16 they are slower than
-float32, so float32 stays the default (`PPOConfig.matmul_dtype`).
+with AVX-512 BF16 XLA runs such products faster than float32 (figures with their machine: the PPO
+and Results pages of the docs); GPUs multiply bf16 natively too (this form is not yet timed on one);
+on a CPU without native bf16 they are slower than float32, so float32 stays the default
+(`PPOConfig.matmul_dtype`).
 
 The backward pass is written out (`jax.custom_vjp`) because the one autodiff derives casts the
 cotangent back to float32 and mixes dtypes in both products, which XLA:CPU then runs as float32
