@@ -8,7 +8,8 @@ skills policy on Craftax-Classic (obs 1345 -> hidden x layers -> 17 actions), it
   update's cost);
 - `bank grad`: forward and backward with respect to every expert of the bank, as chain fine-tuning
   trains them (`skills.chain`), `gather` at each of `--block-sizes` (rows per block; default: the
-  dispatch's own choice).
+  dispatch's own choice), both as the block loop the rollout acts with and as the batched blocks
+  (`gather (batched)`) the chain trains through.
 Compile time is recorded apart from the best of `--repeats` steady runs.
 
     python benchmarks/skills/moe.py --out benchmarks/results/cpu [--rows 1024] [--experts 1 2 4 8 16 32]
@@ -43,7 +44,9 @@ from jaxrl_hier.io import atomic_write_json
 from jaxrl_hier.skills.moe import (default_block_size, init_mlp, mixture_apply_active, mixture_apply_gather,
                                    mixture_apply_mask, mlp_apply, stack_experts)
 
-DISPATCH = {"gather": mixture_apply_gather, "mask": mixture_apply_mask}
+# "gather (batched)": every block at once, the form chain fine-tuning trains through (every expert trains)
+DISPATCH = {"gather": mixture_apply_gather, "gather (batched)": partial(mixture_apply_gather, batched=True),
+            "mask": mixture_apply_mask}
 
 
 def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, actions: int, repeats: int,
@@ -74,11 +77,12 @@ def measure(experts: int, rows: int, obs_dim: int, hidden: int, layers: int, act
             # differentiated with respect to the whole bank, frozen rows included
             return jax.grad(lambda b: jnp.sum(mix(b, x, idx, jnp.tanh) ** 2))(bank_of(new_expert))
 
-        blocks = block_sizes if name == "gather" else (None,)
+        gathers = name.startswith("gather")
+        blocks = block_sizes if gathers else (None,)
         for workload, fn, bs in (("forward", forward, None), ("grad", grad, None),
                                  *(("bank grad", partial(bank_grad, block_size=b), b) for b in blocks)):
             compile_s, run_s = time_compiled(jax.jit(fn), new, x, idx, repeats=repeats)
-            block = (bs or default_block_size(rows, experts)) if name == "gather" else None
+            block = (bs or default_block_size(rows, experts)) if gathers else None
             out.append({"dispatch": name, "workload": workload, "experts": experts, "rows": rows, "run_s": run_s,
                         "compile_s": compile_s, "rows_per_s": rows / run_s, "block_size": block})
             print(f"E={experts:2d} {name:6s} {workload:9s} {'' if block is None else f'block {block:3d}'} "
@@ -140,7 +144,7 @@ def plot(records: list[dict], path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, workload in zip(axes, ("forward", "grad", "bank grad")):
-        for name, marker in (("gather", "o"), ("mask", "s")):
+        for name, marker in (("gather", "o"), ("gather (batched)", "^"), ("mask", "s")):
             best: dict = {}  # gather's bank grad at its best block size
             for r in records:
                 if r["dispatch"] == name and r["workload"] == workload:

@@ -93,14 +93,13 @@ def default_block_size(rows: int, experts: int) -> int:
     return max(1, rows // (2 * experts))
 
 
-def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callable,
-                         block_size: int | None = None) -> jax.Array:
-    """Row i through expert idx[i] only, as block-wise grouped matmuls; see the module docstring."""
-    rows, num_experts = x.shape[0], bank[0]["kernel"].shape[0]
-    if num_experts == 1:  # nothing to route
-        return mlp_apply(jax.tree.map(lambda w: w[0], bank), x, act)
-    bs = block_size or default_block_size(rows, num_experts)
-    num_blocks = -(-(rows + num_experts * (bs - 1)) // bs)  # static upper bound
+def sort_into_blocks(idx: jax.Array, num_experts: int, block_size: int) -> tuple[jax.Array, jax.Array, int]:
+    """Rows grouped by expert into blocks of `block_size` rows that each belong to one expert (each
+    expert's group padded to whole blocks): (slot: int32[rows], row i's place in the blocked layout;
+    block_expert: int32[num_blocks], each block's expert; num_blocks, a static upper bound). Trailing
+    empty blocks get the last expert; their rows are never read back."""
+    rows, bs = idx.shape[0], block_size
+    num_blocks = -(-(rows + num_experts * (bs - 1)) // bs)
     idx = idx.astype(jnp.int32)
     counts = jnp.bincount(idx, length=num_experts)
     padded = -(-counts // bs) * bs
@@ -110,11 +109,32 @@ def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callab
     sorted_idx = idx[order]
     slot_sorted = padded_end[sorted_idx] - padded[sorted_idx] + jnp.arange(rows) - first_row[sorted_idx]
     slot = jnp.zeros(rows, jnp.int32).at[order].set(slot_sorted.astype(jnp.int32))
-    h = jnp.zeros((num_blocks * bs,) + x.shape[1:], x.dtype).at[slot].set(x)
-    # Trailing empty blocks get the last expert; their rows are zeros and never read back.
     block_expert = jnp.minimum(jnp.searchsorted(padded_end, jnp.arange(num_blocks) * bs, side="right"),
                                num_experts - 1)
-    h = h.reshape(num_blocks, bs, -1)
+    return slot, block_expert, num_blocks
+
+
+def mixture_apply_gather(bank: Layers, x: jax.Array, idx: jax.Array, act: Callable,
+                         block_size: int | None = None, batched: bool = False) -> jax.Array:
+    """Row i through expert idx[i] only, as block-wise grouped matmuls; see the module docstring.
+
+    `batched=False` (acting): a loop over the blocks, each reading its expert's weights in place.
+    `batched=True` (training every expert, `skills.chain`): every block at once, through a copy of
+    each block's expert weights. Differentiated, the loop adds each block's weight gradient into a
+    gradient the size of the whole bank, once per block; the batched form writes each block's once
+    and sums them by expert (`benchmarks/skills/moe.py`'s `bank grad` times both)."""
+    rows, num_experts = x.shape[0], bank[0]["kernel"].shape[0]
+    if num_experts == 1:  # nothing to route
+        return mlp_apply(jax.tree.map(lambda w: w[0], bank), x, act)
+    bs = block_size or default_block_size(rows, num_experts)
+    slot, block_expert, num_blocks = sort_into_blocks(idx, num_experts, bs)
+    h = jnp.zeros((num_blocks * bs,) + x.shape[1:], x.dtype).at[slot].set(x).reshape(num_blocks, bs, -1)
+    if batched:
+        for i, layer in enumerate(bank):
+            h = jnp.einsum("bri,bio->bro", h, layer["kernel"][block_expert]) + layer["bias"][block_expert][:, None]
+            if i < len(bank) - 1:
+                h = act(h)
+        return h.reshape(num_blocks * bs, -1)[slot]
 
     # One block at a time (lax.map is a loop): each block reads its expert's weights in place. A
     # batched einsum over blocks would first copy a [num_blocks, din, dout] weight gather, which

@@ -237,6 +237,28 @@ def test_gather_and_mask_mixtures_are_equal(experts, rows):
         np.testing.assert_allclose(np.asarray(one), np.asarray(mixture_apply_mask(bank, x, idx, jnp.tanh)), atol=2e-6)
 
 
+@pytest.mark.parametrize("experts,rows,block_size", [(1, 5, None), (3, 64, None), (9, 256, 32), (4, 7, 3)])
+def test_batched_gather_has_the_loops_values_and_bank_gradient(experts, rows, block_size):
+    # Chain fine-tuning trains every expert through the batched blocks: the same function as the block
+    # loop and the mask, so the same gradient with respect to every expert (rows of unused experts 0).
+    k = jax.random.key(experts + rows)
+    bank = stack_experts([init_mlp(jax.random.fold_in(k, i), [12, 16, 16, 5], 1.0) for i in range(experts)])
+    x = jax.random.normal(k, (rows, 12))
+    idx = jax.random.randint(jax.random.fold_in(k, 7), (rows,), 0, max(1, experts - 1))  # the last one unused
+
+    def grad(mix):
+        return jax.value_and_grad(lambda b: jnp.sum(jnp.sin(mix(b, x, idx, jnp.tanh))))(bank)
+
+    batched = grad(lambda *a: mixture_apply_gather(*a, block_size=block_size, batched=True))
+    for other in (lambda *a: mixture_apply_gather(*a, block_size=block_size), mixture_apply_mask):
+        want = grad(other)
+        np.testing.assert_allclose(float(batched[0]), float(want[0]), rtol=1e-5)
+        for got, ref in zip(jax.tree.leaves(batched[1]), jax.tree.leaves(want[1])):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-5)
+    if experts > 1:
+        assert not np.any(np.asarray(batched[1][0]["kernel"][-1]))  # no row routed there, no gradient
+
+
 def test_active_rows_mixture_equals_every_row_and_branches_for_real_under_a_named_vmap():
     # The frozen experts run on the rows they act on only (a lax.switch on how many), exactly the
     # mixture over every row there; under the trainer's named vmap the switch stays a real branch.
