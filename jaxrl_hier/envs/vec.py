@@ -225,9 +225,12 @@ class VecEnv:
         r_obs, r_state, valid, want = jax.vmap(self.env.restart, in_axes=(0, 0, None))(
             keys, vstate.env_state, self.params)
         # An env that wants a restart but has no state of its own borrows a random other env's, so a
-        # state that is rare to reach serves every env, not only the one that reached it.
-        logits = jnp.where(valid | ~valid.any(), 0.0, -jnp.inf)
-        source = jnp.where(valid, jnp.arange(self.num_envs), jax.random.categorical(k_pick, logits, shape=valid.shape))
+        # state that is rare to reach serves every env, not only the one that reached it: a uniform
+        # pick among the envs that have one, one integer per env (a Gumbel pick over every pair of
+        # envs would draw num_envs^2 numbers a step).
+        holders = jnp.nonzero(valid, size=self.num_envs, fill_value=0)[0]  # the envs with a state, first
+        pick = jax.random.randint(k_pick, valid.shape, 0, jnp.maximum(valid.sum(), 1))
+        source = jnp.where(valid, jnp.arange(self.num_envs), holders[pick])
         r_obs, r_state = jax.tree.map(lambda x: x[source], (r_obs, r_state))
         take = done & want & valid.any()
         return _where(take, r_obs, obs), vstate.replace(env_state=_where(take, r_state, vstate.env_state)), done & ~take

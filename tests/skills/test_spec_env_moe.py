@@ -223,6 +223,20 @@ def test_restarts_resume_from_the_state_where_the_skill_was_reached():
         assert np.asarray(v2.env_state.base.timestep).tolist() == want_t + [51]
         assert np.asarray(v2.env_state.restarted)[:2].tolist() == [want_t[0] > 0] * 2
 
+    # Six finished envs, anchors (timesteps 10..15) held by envs 1 and 4 only: those restart from their
+    # own, the others borrow one of the two, uniformly, never a state nobody reached.
+    vec6 = make_vec_env(senv, p, num_envs=6, reset_ratio=1)
+    _, v6 = jax.jit(vec6.reset)(jax.random.key(0))
+    six = jax.tree.map(lambda x: jnp.stack([x] * 6), s)
+    six = six.replace(base=six.base.replace(timestep=jnp.full(6, 99, jnp.int32)),
+                      anchor=six.anchor.replace(timestep=jnp.arange(10, 16, dtype=jnp.int32)),
+                      has_anchor=jnp.array([False, True, False, False, True, False]))
+    step6 = jax.jit(lambda k: vec6.step(k, v6.replace(env_state=six), jnp.zeros(6, jnp.int32))[1].env_state.base.timestep)
+    starts = np.stack([np.asarray(step6(jax.random.key(k))) for k in range(40)])  # each env's restart state
+    assert (starts[:, 1] == 11).all() and (starts[:, 4] == 14).all()
+    borrowed = starts[:, [0, 2, 3, 5]]
+    assert set(np.unique(borrowed)) == {11, 14} and 0.3 < (borrowed == 11).mean() < 0.7
+
 
 @pytest.mark.parametrize("experts,rows", [(1, 5), (3, 64), (9, 256), (33, 100)])
 def test_gather_and_mask_mixtures_are_equal(experts, rows):
