@@ -168,3 +168,18 @@ def test_moe_benchmark_times_the_whole_banks_gradient_at_each_block_size(tmp_pat
     assert bank == [(d, e, b) for e in (1, 3) for d, b in (("gather", 2), ("gather", 4), ("gather (batched)", 2),
                                                             ("gather (batched)", 4), ("mask", None))]
     assert (tmp_path / "moe.png").is_file()
+
+
+def test_skills_speed_env_only_times_the_envs_alone(tmp_path):
+    """`--env-only`: the base env and each listed skill's env at the config's num_envs, nothing trained."""
+    from benchmarks.skills import skills_speed
+
+    out = tmp_path / "o"
+    argv = ["ppo.num_envs=8", "updates_per_round=1", "ppo.num_steps=4", "--config", str(ROOT / "configs/skills_techtree.yaml"),
+            "--out", str(out), "--env-only", "--repeats", "1", "--skills", "make_wood_pickaxe"]
+    assert skills_speed.main(argv) == 0
+    result = json.loads((out / "skills_speed.json").read_text())
+    assert result["complete"] and result["num_envs"] == 8 and not result["round"] and not result["policy"]
+    assert set(result["env_only"]) == {"base", "make_wood_pickaxe"}
+    assert all(r["steps_per_s"] > 0 for r in result["env_only"].values())
+    assert "| env alone (8 envs) |" in (out / "skills_speed.md").read_text()

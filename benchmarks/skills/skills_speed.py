@@ -13,7 +13,8 @@ in one process, so the ratios come from the same machine state:
   (compiling) one.
 - `env`: the vectorised env alone with random actions over one round's steps (pool resets as in
   training, the worlds carried from call to call): the base env against the skill env of each
-  skill (its conditions, routing to the dependency that acts, restarts from anchors).
+  skill (its conditions, routing to the dependency that acts, restarts from anchors). With
+  `--env-only` this part alone, at the config's `ppo.num_envs` (`ppo.num_envs=N` to change it).
 - `act`: one rollout step's forward and sample over `num_envs` rows: flat PPO's network against the
   skill's mixture (rows routed over the dependencies' experts and the new one).
 - `grad`: one minibatch's gradient of a PPO-like loss (log-prob of taken actions, entropy, value):
@@ -217,25 +218,49 @@ def eval_part(trainer: SkillTrainer, repeats: int) -> dict:
     return {"compile_s": compile_s, "run_s": run_s, "every": trainer.config.greedy_eval_every}
 
 
+def env_only(config: SkillsConfig, trainer: SkillTrainer, library, args, result: dict, save) -> int:
+    """The `env` part alone: the base env and each listed skill's env at the config's `num_envs`."""
+    from jaxrl_hier.envs import make_vec_env
+
+    c = config.ppo_config()
+    steps = config.updates_per_round * c.num_steps
+    num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
+    base_vec = make_vec_env(trainer.env.base, trainer.base_params, c.num_envs, reset_mode=c.reset_mode,
+                            reset_ratio=c.reset_ratio)
+    result["num_envs"] = c.num_envs
+    result["env_only"]["base"] = env_steps(base_vec, num_actions, steps, args.repeats)
+    save(f"base env alone, {c.num_envs} envs: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
+    for name in args.skills:
+        vec = trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
+        result["env_only"][name] = env_steps(vec, num_actions, steps, args.repeats)
+        save(f"{name} env alone: {result['env_only'][name]['steps_per_s']:,.0f} env steps/s")
+    result["complete"] = True
+    save(markdown(result))
+    return 0
+
+
 def markdown(result: dict) -> str:
-    info, flat = result["device"], result["round"]["flat PPO"]
+    info, flat = result["device"], result["round"].get("flat PPO")
     lines = [f"# Skills round profile: {result['env']}", "",
              f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; config `{result['config']}` "
              f"({' '.join(result['overrides']) or 'as shipped'})"
              + ("." if result["complete"] else "; cut short: the parts measured before it stopped.")
              + (f" Dependencies: the experts of `{result['experts_from']}`." if result.get("experts_from")
-                else " Dependencies: random experts."), "",
-             "| program | env steps/s | x flat PPO | round s | first round s |", "|---|---:|---:|---:|---:|"]
+                else " Dependencies: random experts."), ""]
+    if flat is not None:
+        lines += ["| program | env steps/s | x flat PPO | round s | first round s |", "|---|---:|---:|---:|---:|"]
     for name, r in result["round"].items():
         lines.append(f"| {name} | {r['steps_per_s']:,.0f} | {r['steps_per_s'] / flat['steps_per_s']:.2f} | "
                      f"{r['round_s']:.2f} | {r['first_round_s']:.1f} |")
     if "base" in result["env_only"]:
-        lines += ["", "| env alone | env steps/s | x base env |", "|---|---:|---:|"]
+        envs = f" ({result['num_envs']} envs)" if result.get("num_envs") else ""
+        lines += ["", f"| env alone{envs} | env steps/s | x base env |", "|---|---:|---:|"]
         base = result["env_only"]["base"]["steps_per_s"]
         for name, r in result["env_only"].items():
             lines.append(f"| {name} | {r['steps_per_s']:,.0f} | {r['steps_per_s'] / base:.2f} |")
-    lines += ["", "| skill (plan length, bank rows) | act ms: flat / skill | grad ms: flat / skill as trained / routed |",
-              "|---|---:|---:|"]
+    if result["policy"]:
+        lines += ["", "| skill (plan length, bank rows) | act ms: flat / skill | grad ms: flat / skill as trained / routed |",
+                  "|---|---:|---:|"]
     for name, r in result["policy"].items():
         ms = {k: 1e3 * v["run_s"] for k, v in r.items() if isinstance(v, dict)}
         lines.append(f"| {name} ({r['plan_len']}, {r['bank_rows']}) | {ms['act_flat']:.2f} / {ms['act_skill']:.2f} | "
@@ -265,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="also time the listed skills in one round (one slot each) and the greedy evaluation")
     p.add_argument("--trace", action="store_true",
                    help="also profile flat PPO's and each skill's round program op by op (jax.profiler)")
+    p.add_argument("--env-only", action="store_true",
+                   help="time only the envs alone (the base env and each listed skill's), no policy or round")
     p.add_argument("--experts-from", type=Path, metavar="RUN",
                    help="the dependencies' experts of a skills run (its completed skills) rather than random "
                         "weights, so that each expert acts on as many rows as in training")
@@ -302,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(args.out / "skills_speed.json", result)
         atomic_write_text(args.out / "skills_speed.md", markdown(result))
 
+    if args.env_only:
+        return env_only(config, trainer, library, args, result, save)
     flat, flat_ppo, flat_runner = flat_round(config, args.rounds)
     result["round"]["flat PPO"] = flat
     if args.trace:
