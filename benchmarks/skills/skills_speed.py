@@ -245,7 +245,8 @@ def markdown(result: dict) -> str:
              f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; config `{result['config']}` "
              f"({' '.join(result['overrides']) or 'as shipped'})"
              + ("." if result["complete"] else "; cut short: the parts measured before it stopped.")
-             + (f" Dependencies: the experts of `{result['experts_from']}`." if result.get("experts_from")
+             + (" The envs alone, random actions." if result.get("num_envs")
+                else f" Dependencies: the experts of `{result['experts_from']}`." if result.get("experts_from")
                 else " Dependencies: random experts."), ""]
     if flat is not None:
         lines += ["| program | env steps/s | x flat PPO | round s | first round s |", "|---|---:|---:|---:|---:|"]
