@@ -90,7 +90,8 @@ def time_rounds(train_round, rounds: int, steps_per_round: int) -> dict:
     return {"first_round_s": first, "round_s": median, "steps": steps_per_round, "steps_per_s": steps_per_round / median}
 
 
-def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]:
+def flat_trainer(config: SkillsConfig):
+    """Flat PPO on the base env with the skills' `ppo` section (built, not compiled)."""
     import dataclasses
 
     from jaxrl_hier.algorithms.ppo import make_train
@@ -98,7 +99,11 @@ def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]
     base, base_params = config.make_env()
     # One seed, as `skills_vs_ppo.py` trains flat PPO (the skills config's own PPOConfig has one seed
     # per slot).
-    ppo = make_train(dataclasses.replace(config.ppo_config(), num_seeds=1), env=base, env_params=base_params)
+    return make_train(dataclasses.replace(config.ppo_config(), num_seeds=1), env=base, env_params=base_params)
+
+
+def flat_round(config: SkillsConfig, rounds: int) -> tuple[dict, object, object]:
+    ppo = flat_trainer(config)
     state = {"runner": ppo.init(jax.random.key(config.seed))}
 
     def one():
@@ -218,21 +223,26 @@ def eval_part(trainer: SkillTrainer, repeats: int) -> dict:
     return {"compile_s": compile_s, "run_s": run_s, "every": trainer.config.greedy_eval_every}
 
 
+def round_env_steps(trainer: SkillTrainer, vec, repeats: int) -> dict:
+    """`env_steps` of `vec` over one round's steps, with the base env's actions."""
+    config = trainer.config
+    num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
+    return env_steps(vec, num_actions, config.updates_per_round * config.ppo_config().num_steps, repeats)
+
+
+def skill_vec(trainer: SkillTrainer, library, name: str):
+    """The vectorised env `name`'s rounds train on (its conditions, routing and restarts)."""
+    return trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
+
+
 def env_only(config: SkillsConfig, trainer: SkillTrainer, library, args, result: dict, save) -> int:
     """The `env` part alone: the base env and each listed skill's env at the config's `num_envs`."""
-    from jaxrl_hier.envs import make_vec_env
-
-    c = config.ppo_config()
-    steps = config.updates_per_round * c.num_steps
-    num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
-    base_vec = make_vec_env(trainer.env.base, trainer.base_params, c.num_envs, reset_mode=c.reset_mode,
-                            reset_ratio=c.reset_ratio)
-    result["num_envs"] = c.num_envs
-    result["env_only"]["base"] = env_steps(base_vec, num_actions, steps, args.repeats)
-    save(f"base env alone, {c.num_envs} envs: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
+    result["num_envs"] = config.ppo_config().num_envs
+    base = flat_trainer(config).vec_env(trainer.base_params)
+    result["env_only"]["base"] = round_env_steps(trainer, base, args.repeats)
+    save(f"base env alone, {result['num_envs']} envs: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
     for name in args.skills:
-        vec = trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
-        result["env_only"][name] = env_steps(vec, num_actions, steps, args.repeats)
+        result["env_only"][name] = round_env_steps(trainer, skill_vec(trainer, library, name), args.repeats)
         save(f"{name} env alone: {result['env_only'][name]['steps_per_s']:,.0f} env steps/s")
     result["complete"] = True
     save(markdown(result))
@@ -337,16 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         result["trace"] = {"flat PPO": traced_update(flat_ppo, flat_runner, config.updates_per_round)}
     save(f"flat PPO: {flat['steps_per_s']:,.0f} env steps/s")
-    steps = config.updates_per_round * config.ppo_config().num_steps
-    num_actions = int(trainer.env.base.action_space(trainer.base_params).n)
-    result["env_only"]["base"] = env_steps(flat_ppo.vec_env(trainer.base_params), num_actions, steps, args.repeats)
+    result["env_only"]["base"] = round_env_steps(trainer, flat_ppo.vec_env(trainer.base_params), args.repeats)
     save(f"base env alone: {result['env_only']['base']['steps_per_s']:,.0f} env steps/s")
     for name in args.skills:
         result["round"][name] = skills_round(trainer, library, [name], experts, args.rounds, config.seed)
         if args.trace:
             result["trace"][name] = skill_trace(trainer, name)
-        vec = trainer.ppo.vec_env(trainer.env.params_for(trainer.base_params, library, name))
-        result["env_only"][name] = env_steps(vec, num_actions, steps, args.repeats)
+        result["env_only"][name] = round_env_steps(trainer, skill_vec(trainer, library, name), args.repeats)
         result["policy"][name] = policy_parts(trainer, flat_ppo, flat_runner, library, name, experts, args.repeats,
                                               jax.random.key(config.seed))
         ms = {k: round(v["run_s"] * 1e3, 2) for k, v in result["policy"][name].items() if isinstance(v, dict)}

@@ -495,7 +495,7 @@ def make_train(
         space = env.observation_space(env_params)
         space = space["obs"] if isinstance(space, dict) else space  # {"obs", "action_mask"} observations
         kind = config.network if config.network != "auto" else ("cnn" if len(space.shape) == 3 else "mlp")
-        shape = tuple(getattr(space, "shape", ()) or ())
+        shape = tuple(space.shape)
         wants = {"mlp": 1, "gru": 1, "cnn": 3}.get(kind)  # the observation rank each network reads
         if wants is not None and len(shape) != wants:
             fix = "network: cnn (or auto)" if len(shape) == 3 else "network: mlp (or auto)"
