@@ -401,6 +401,11 @@ class PPO:
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         tx = self.optimizer()
 
+        def mean_over_devices(tree):
+            # On one device the mean is the tree itself; XLA:CPU still copies every leaf through an
+            # all-reduce.
+            return tree if jax.lax.axis_size(DATA_AXIS) == 1 else jax.lax.pmean(tree, DATA_AXIS)
+
         def epoch(train_state, epoch_index):
             perms = self._minibatch_indices(jax.random.fold_in(k_perm, epoch_index), shard_ids, global_env)
 
@@ -408,8 +413,7 @@ class PPO:
                 mb = self._take_minibatch(perms, k, traj, adv, targets, runner.hidden)
                 # Every shard holds the same number of samples, so pmean of local means is the global mean.
                 (_, aux), grads = grad_fn(train_state.params, runner.extra_variables, *mb)
-                grads = jax.lax.pmean(grads, DATA_AXIS)
-                aux = jax.lax.pmean(aux, DATA_AXIS)
+                grads, aux = mean_over_devices((grads, aux))
                 updates, opt_state = tx.update(grads, train_state.opt_state, train_state.params)
                 params = optax.apply_updates(train_state.params, updates)
                 return TrainState(params, opt_state), aux

@@ -15,7 +15,7 @@ from jaxrl_hier.skills.env import SkillEnv, conditions_hold
 from jaxrl_hier.skills.generators import make_validator
 from jaxrl_hier.skills.library import builtin_library, techtree_library
 from jaxrl_hier.skills.moe import (MoEPolicy, init_mlp, mixture_apply_active, mixture_apply_gather, mixture_apply_mask, mlp_apply,
-                                   stack_experts)
+                                   sort_into_blocks, stack_experts)
 from jaxrl_hier.skills.trainer import quantities_for
 
 
@@ -271,6 +271,31 @@ def test_batched_gather_has_the_loops_values_and_bank_gradient(experts, rows, bl
             np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=2e-5)
     if experts > 1:
         assert not np.any(np.asarray(batched[1][0]["kernel"][-1]))  # no row routed there, no gradient
+
+
+def test_blocks_fit_the_worst_routing_and_the_batched_gradient_holds_under_vmap():
+    # 256 rows, 8 experts, blocks of 32: seven experts with 33 rows (two blocks each) and one with 25
+    # fill all 15 blocks the bound allows; values and bank gradients still those of the mask, per
+    # seed under vmap (as chain fine-tuning runs them).
+    experts, rows, bs = 8, 256, 32
+    idx = jnp.asarray(np.repeat(np.arange(experts), [33] * 7 + [25]), jnp.int32)
+    assert sort_into_blocks(idx, experts, bs)[2] == 15
+    k = jax.random.key(3)
+    banks = jax.vmap(lambda key: stack_experts([init_mlp(jax.random.fold_in(key, i), [12, 16, 5], 1.0)
+                                                for i in range(experts)]))(jax.random.split(k, 2))
+    x = jax.random.normal(k, (2, rows, 12))
+    perm = jax.random.permutation(jax.random.fold_in(k, 1), rows)
+    idx = jnp.stack([idx, idx[perm]])
+
+    def grad(mix):
+        loss = lambda b, x, i: jnp.sum(jnp.sin(mix(b, x, i, jnp.tanh)))  # noqa: E731
+        return jax.vmap(jax.value_and_grad(loss))(banks, x, idx)
+
+    got = grad(lambda *a: mixture_apply_gather(*a, block_size=bs, batched=True))
+    want = grad(mixture_apply_mask)
+    np.testing.assert_allclose(np.asarray(got[0]), np.asarray(want[0]), rtol=1e-5)
+    for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5)
 
 
 def test_active_rows_mixture_equals_every_row_and_branches_for_real_under_a_named_vmap():
