@@ -166,9 +166,11 @@ def expert_matmul(h: jax.Array, bank: jax.Array, block_expert: jax.Array) -> jax
 
     Its gradient is written out rather than derived: the kernel's gradient as one batched product per
     block in the bank's own layout, summed into the bank by sorted expert index. Derived, XLA:CPU laid
-    the block gradients out transposed and copied them back, and scattered them into a zeroed bank:
-    in a TechTree chain chunk (8 experts, minibatches of 256 rows, jax 0.10.2) that took 1.00 s
-    against 0.83 s written out, the same numbers to the bit (`skills.chain`; docs/results.md)."""
+    the block gradients out transposed and copied them back before scattering them into a zeroed
+    bank. With the tight block bound and rows gathered into place (`mixture_apply_gather`), a TechTree
+    chain chunk (8 experts, minibatches of 256 rows) took 0.90-0.92 s against 1.01-1.04 s, the numbers
+    the same to the bit (a 2-core Intel Xeon with AVX-512, jax 0.10.2, 2026-11-30; `skills.chain`,
+    docs/results.md)."""
     return jnp.einsum("bri,bio->bro", h, bank[block_expert])
 
 
