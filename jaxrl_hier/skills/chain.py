@@ -109,8 +109,9 @@ class ChainPolicy:
         eighth of the rows: every expert trains here, and the batched form's gradient costs less
         than the block loop's (`skills.moe.mixture_apply_gather`). On a 2-core Intel Xeon with
         AVX-512 (jax 0.10.2, 2026-11-30), a TechTree chain chunk of 8 experts took 1.02 s this way
-        against 1.14 s with the loop, and 1.12-1.15 s with blocks of a sixteenth or a quarter (0.90 s
-        since the gradient is written out, `skills.moe.expert_matmul`; 0.94 and 1.04 s then); with
+        against 1.14 s with the loop, and 1.12-1.15 s with blocks of a sixteenth or a quarter (since
+        the gradient is written out, `skills.moe.expert_matmul`, 0.90-0.92 s; in one ad-hoc series an
+        eighth 0.83 s against 0.94 and 1.04 s for a sixteenth and a quarter); with
         eight 256-wide experts the batched gradient was 11% slower than the loop's in
         `benchmarks/skills/moe.py` (docs/results.md)."""
         if self.dispatch == "gather":
