@@ -14,7 +14,8 @@
 # manager's when the config has one) against flat PPO at the run's total env steps, from the same
 # fresh worlds, with PPO_EPISODES episodes per mode. CONFIG= picks the skills config (default: the
 # GPU Craftax-Classic one); key=value overrides apply to the first call only (a resume takes its
-# config from the run directory). Carry run.tgz and xla_cache.tgz back in an ignored folder.
+# config from the run directory). Carry run.tgz and xla_cache.tgz back in an ignored folder. The
+# script runs on a CPU too (tests/test_skills_leases_script.py plays two calls at a tiny size).
 set -uo pipefail
 out=$1 wall=$2
 shift 2
@@ -27,6 +28,7 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.45}
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT  # what comes back is in $out
 run="$work/run"
 if [ -n "${RUN_IN:-}" ]; then
   tar xzf "$RUN_IN" -C "$work" || exit 1
