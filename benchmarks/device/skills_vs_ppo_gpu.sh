@@ -24,6 +24,7 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 source "$(dirname "$0")/setup.sh"  # wheels, versions.txt
 source "$(dirname "$0")/xla_cache.sh"  # JAX_COMPILATION_CACHE_DIR, XLA_CACHE_IN, xla_cache_out
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT  # what comes back is in $out
 # POST_S: the time left after the skills run for flat PPO and the evaluations (H200: about 4 minutes)
 timeout $((wall + ${POST_S:-330})) python3 benchmarks/skills/skills_vs_ppo.py --config "$config" --out "$work" --episodes 64 \
   --ppo-chunks 2 --no-curve --include-running "max_wall_s=$wall" greedy_eval_every=0 "$@"
