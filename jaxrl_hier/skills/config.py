@@ -170,6 +170,12 @@ class SkillsConfig:
     # (TechTree: 1.00 one round into the phase for a skill whose steady rate was 0.77-0.82).
     # About num_envs x 2 x the time limit.
     fresh_min_timesteps: int = 0
+    # Which skills run the fresh-world phase: "always" every skill with dependencies; "needed" only
+    # one whose fresh-world episodes of the restart phase (about 1 - restart_prob of them, over the
+    # latest rounds holding `min_episodes`) are below `fresh_success_rate_threshold` when it passes
+    # with restarts, or too few to judge. On Craftax-Classic with restarts the chain's first skills
+    # already pass from fresh worlds and the phase cost them 369k env steps (docs/skills.md).
+    fresh_phase: str = "always"
     moe_dispatch: str = "gather"  # gather (only the routed expert runs) | mask (every expert, Flow-RL)
     # The frozen-expert bank a round trains with (skills.trainer): "fit" cuts it to the longest running
     # plan rounded up to a power of two (least arithmetic; a compile per new size), "max" keeps all
@@ -250,6 +256,8 @@ class SkillsConfig:
             raise ConfigError("'fresh_success_rate_threshold' ends a skill's restarts, but 'restart_prob' is 0 (no "
                               "restarts): every episode is already a fresh-world one. Set restart_prob > 0 or the "
                               "threshold to 0.")
+        if self.fresh_phase not in ("always", "needed"):
+            raise ConfigError(f"'fresh_phase' must be 'always' or 'needed', got '{self.fresh_phase}'.")
         if self.chain_timesteps < 0:
             raise ConfigError(f"'chain_timesteps' must be >= 0 (0: no chain fine-tuning), got {self.chain_timesteps}.")
         if self.chain_lr <= 0:

@@ -105,6 +105,9 @@ class SkillRecord:
     # "" (training, restarts as configured) or "fresh": restarts off, judged on fresh-world episodes
     phase: str = ""
     phase_steps: int = 0  # env steps of the current attempt when its phase began
+    # With restarts, before any fresh-world phase: the `window` of the episodes that began in a fresh
+    # world (the states the skill's frozen chain hands it), which `fresh_phase: needed` judges
+    fresh_window: list = field(default_factory=list)
 
     @property
     def dirname(self) -> str:

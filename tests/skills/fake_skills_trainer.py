@@ -44,10 +44,12 @@ class FakeTrainer:
     """Success rate per round from a script; checkpoints through the real Checkpointer."""
 
     def __init__(self, slots=2, never=(), fail_first=(), crash_at=None, rates=None, learn_rounds=2, round_hook=None,
-                 fresh_rates=None):
+                 fresh_rates=None, restart_fresh_rates=None):
         self.slots, self.quantity_names = slots, QUANTITIES
         # name -> success rates, round by round, of its fresh-world phase (restart probability 0)
         self.fresh_rates = fresh_rates or {}
+        # name -> the rate of its fresh-world episodes while restarts run (50 a round; none if unnamed)
+        self.restart_fresh_rates = restart_fresh_rates or {}
         self.restart_probs: list[float] = [1.0] * slots  # 1.0: restarts as configured
         self.fresh_progress = [0] * slots  # rounds trained in the fresh-world phase
         self.restart_calls: list[tuple[str, float]] = []
@@ -101,6 +103,8 @@ class FakeTrainer:
                 rate = script[min(self.fresh_progress[i], len(script) - 1)]
                 self.fresh_progress[i] += 1
                 result = result._replace(fresh_success_rate=rate, fresh_episodes=50)
+            elif name in self.restart_fresh_rates:
+                result = result._replace(fresh_success_rate=self.restart_fresh_rates[name], fresh_episodes=50)
             out.append(result)
         return out
 
