@@ -438,8 +438,8 @@ class Scheduler:
         its anchors alone (on Craftax-Classic a stone pickaxe's skill passed 0.85 there and made the
         pickaxe in 2% of fresh worlds): say so where its fresh-world episodes fall short."""
         c = self.config
-        if not (c.restart_prob > 0 and r.phase != "fresh" and r.spec.get("requires")):
-            return
+        if not (c.restart_prob > 0 and c.fresh_success_rate_threshold == 0 and r.spec.get("requires")):
+            return  # no restarts, or a fresh-world bar the config chose (fresh_phase: needed judged it)
         rate, episodes = _window_rate(r.fresh_window)
         if episodes >= c.min_episodes and rate < c.success_rate_threshold:
             log.warning("skill '%s' passed with restarts, but from fresh worlds its rate is %.2f (%d episodes): "
