@@ -258,6 +258,10 @@ class SkillsConfig:
                               "threshold to 0.")
         if self.fresh_phase not in ("always", "needed"):
             raise ConfigError(f"'fresh_phase' must be 'always' or 'needed', got '{self.fresh_phase}'.")
+        if self.fresh_phase == "needed" and self.fresh_success_rate_threshold == 0:
+            raise ConfigError("'fresh_phase: needed' chooses which skills run the fresh-world phase, but "
+                              "'fresh_success_rate_threshold' is 0 (no phase). Set the threshold > 0 or remove "
+                              "fresh_phase.")
         if self.chain_timesteps < 0:
             raise ConfigError(f"'chain_timesteps' must be >= 0 (0: no chain fine-tuning), got {self.chain_timesteps}.")
         if self.chain_lr <= 0:

@@ -421,7 +421,8 @@ class Scheduler:
         """A skill with dependencies that passed on mostly restarted episodes trains on from fresh
         worlds (config `fresh_success_rate_threshold`): restarts from anchors shared among the envs
         let it pass on a few states, while the composed agent meets it on the states its frozen
-        chain hands it."""
+        chain hands it. With `fresh_phase: needed`, not a skill whose fresh-world episodes of the
+        restart phase already pass that threshold."""
         c = self.config
         if not (c.fresh_success_rate_threshold > 0 and r.phase != "fresh" and bool(r.spec.get("requires"))
                 and c.restart_prob > 0):

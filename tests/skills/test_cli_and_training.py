@@ -74,6 +74,7 @@ def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
     (SKILLS_YAML, ["chain_moe_dispatch=dense"], "'chain_moe_dispatch' must be 'gather' or 'mask'"),
     (SKILLS_YAML, ["chain_update_epochs=-1"], "'chain_update_epochs' must be >= 0"),
     (SKILLS_YAML, ["fresh_phase=sometimes"], "'fresh_phase' must be 'always' or 'needed'"),
+    (SKILLS_YAML, ["fresh_phase=needed"], "'fresh_phase: needed' chooses which skills run the fresh-world phase"),
     (SKILLS_YAML, ["ppo.matmul_dtype=bfloat16"], "'ppo.matmul_dtype: bfloat16' is for PPO's own MLP"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides, message):
