@@ -87,6 +87,11 @@ def check_config(config: SkillsConfig):
         if unknown:
             raise ConfigError(f"{what} names {', '.join(repr(s) for s in unknown)}, not in the skill library."
                               f"{closest(unknown[0], list(catalog.names))} The library has: {', '.join(catalog.names)}.")
+    named = config.manager.named_skills
+    if config.manager.kickstart and (config.target == "all" or (named and config.target not in named)):
+        raise ConfigError(f"'manager.kickstart' teaches the generalist the target's chain, but the target "
+                          f"'{config.target}' is not {'one skill' if config.target == 'all' else 'in manager.skills'}: "
+                          "name the target there or set kickstart to 0.")
     return catalog
 
 

@@ -73,6 +73,12 @@ class ManagerConfig:
     # (skills.manager, "Tuned experts"). False: the experts stay frozen.
     tune_experts: bool = False
     expert_kl: float = 0.1
+    # With a generalist: the skills teach it (kickstarting, Schmitt et al. 2018). On the steps where the
+    # run's target does not hold yet, its loss adds this weight times the KL from the target's chain
+    # (the expert the composed agent's routing picks, as the target's option would act) to the
+    # generalist's base-action policy; the weight falls linearly to 0 over the generalist stage, so
+    # the generalist ends on the base reward alone. 0: no teacher.
+    kickstart: float = 0.0
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -99,6 +105,10 @@ class ManagerConfig:
         if not 0.0 <= self.skill_prior < 1.0:
             raise ConfigError(f"'skill_prior' must be in [0, 1) (the skills' share of the first choices), got "
                               f"{self.skill_prior}.")
+        if self.kickstart < 0:
+            raise ConfigError(f"'kickstart' must be >= 0 (0: no teacher), got {self.kickstart}.")
+        if self.kickstart and not self.generalist_timesteps:
+            raise ConfigError("'kickstart' needs 'generalist_timesteps': the skills teach the generalist stage.")
         if self.skill_prior and not self.generalist_timesteps:
             raise ConfigError("'skill_prior' needs 'generalist_timesteps': it sets where the skills start beside a "
                               "trained generalist.")

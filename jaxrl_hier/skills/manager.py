@@ -182,7 +182,10 @@ class ManagerEnv(Environment):
     manager's network reads, still show what the open manager could choose."""
 
     def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False, closed: bool = False,
-                 restart_prob: float = 0.0):
+                 restart_prob: float = 0.0, pending: bool = False):
+        # pending: the observation also holds `pending`, which skills do not hold yet (a teacher's
+        # steps, `KickstartPolicy`); `choices` opens every skill once all hold, so it cannot tell
+        self.pending = bool(pending)
         if closed and not primitives:
             raise SkillError("a manager with its skills closed needs its base actions (primitives).")
         if not 0.0 <= restart_prob < 1.0:
@@ -197,8 +200,8 @@ class ManagerEnv(Environment):
 
     def _observe(self, base_obs: Any, base_state: Any, option: jax.Array, params: ManagerParams) -> dict:
         q = self.skill_env.quantities(base_state)
-        free = ~option_holds(q, params.options)
-        free = jnp.where(free.any(), free, True)  # every skill holds: any option may run
+        pending = ~option_holds(q, params.options)
+        free = jnp.where(pending.any(), pending, True)  # every skill holds: any option may run
         rows = acting_rows(q, params.options)
         if self.primitives:  # every base action may always be taken; it has no expert row
             free = jnp.concatenate([free, jnp.ones(self.num_actions, bool)])
@@ -209,6 +212,8 @@ class ManagerEnv(Environment):
         obs = {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
         if params.features is not None:  # the skills still to do, as inputs
             obs["features"] = ~each_holds(q, params.features)
+        if self.pending:
+            obs["pending"] = pending
         return obs
 
     def reset(self, key: jax.Array, params: ManagerParams):
@@ -347,16 +352,40 @@ class TunedOptionPolicy(OptionPolicy):
         return self._log_prob(action, option, skill, tuned), self.expert_kl * self._kl(skill, row, tuned)
 
 
+class KickstartPolicy(OptionPolicy):
+    """The generalist's distribution (skills closed) with a teacher: `log_prob_and_penalty` adds, on
+    each step where the teacher option is open (its skill does not hold yet), `weight` times the KL
+    from that option's routed expert (the chain's, as the composed agent would act) to the
+    generalist's policy over base actions (`manager.kickstart`)."""
+
+    def __init__(self, logits: jax.Array, rows: jax.Array, open_: jax.Array, teacher_logits: Callable,
+                 weight: jax.Array, num_actions: int, num_skills: int):
+        super().__init__(logits, rows, None, num_actions, num_skills)
+        self.open, self.teacher_logits, self.weight = open_, teacher_logits, weight
+
+    def kl(self) -> jax.Array:
+        """[N]: the teacher's KL to the generalist's base-action policy where the teacher option is open, else 0."""
+        student = jax.nn.log_softmax(self.logits[:, self.num_skills:], axis=-1)
+        teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits(self.rows, self.open)), axis=-1)
+        return jnp.where(self.open, (jnp.exp(teacher) * (teacher - student)).sum(-1), 0.0)
+
+    def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return self.log_prob(action), self.weight * self.kl()
+
+
 class ManagerPolicy:
     """Manager actor and critic MLPs over [observation, open choices, running]; the frozen expert bank
     in the `experts` variable collection. Duck-types a Flax module for `algorithms.ppo`. `closed`: the
-    skills are closed (`ManagerEnv`), so no expert ever runs. `tune`: the parameters also hold a copy
+    skills are closed (`ManagerEnv`), so no expert acts. `tune`: the parameters also hold a copy
     of the bank (`params["experts"]`) that acts and trains, the frozen bank its KL reference
-    (`TunedOptionPolicy`); a parameter tree with such a copy acts through it whatever `tune` says."""
+    (`TunedOptionPolicy`); a parameter tree with such a copy acts through it whatever `tune` says.
+    `teacher`: with `closed`, the option whose routed expert teaches the generalist (`KickstartPolicy`),
+    with the weight in the `kickstart` variable collection."""
 
     def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
                  num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False,
-                 closed: bool = False, sync_axes: tuple[str, ...] = (), tune: bool = False, expert_kl: float = 0.0):
+                 closed: bool = False, sync_axes: tuple[str, ...] = (), tune: bool = False, expert_kl: float = 0.0,
+                 teacher: int | None = None):
         # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
         self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
@@ -365,6 +394,9 @@ class ManagerPolicy:
         if tune and (closed or greedy_experts):
             raise SkillError("tuned experts need the skills open and sampled experts (greedy_experts: false).")
         self.tune, self.expert_kl = tune, float(expert_kl)
+        if teacher is not None and not closed:
+            raise SkillError("a teacher option teaches the generalist: it needs the skills closed.")
+        self.teacher = teacher
 
     @staticmethod
     def _inputs(obs: dict) -> tuple[jax.Array, jax.Array]:
@@ -381,7 +413,10 @@ class ManagerPolicy:
         bank = jax.tree.map(jnp.asarray, self.bank)
         params = {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
                   "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)}
-        return {"params": {**params, "experts": bank} if self.tune else params, "experts": {"actor": bank}}
+        variables = {"params": {**params, "experts": bank} if self.tune else params, "experts": {"actor": bank}}
+        if self.teacher is not None:  # the trainer sets the weight chunk by chunk (ManagerTrainer.train)
+            variables["kickstart"] = {"weight": jnp.float32(0.0)}
+        return variables
 
     def apply(self, variables: dict, obs: dict):
         act = ACTIVATIONS[self.activation]
@@ -389,12 +424,17 @@ class ManagerPolicy:
         x, features = self._inputs(obs)
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         value = mlp_apply(params["critic"], features, act)[:, 0]
-        if self.closed:  # no expert ever runs
-            return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value
         # the experts run only when an action is sampled or priced, on the rows whose choice is a skill
         def experts(bank: Any) -> Callable[[jax.Array, jax.Array], jax.Array]:  # (rows, active) -> logits
             return partial(mixture_apply_active, bank, x, act=act, mix=mixture_for(self.dispatch),
                            sync_axes=self.sync_axes)
+
+        if self.closed and self.teacher is not None:  # no expert acts; the teacher's runs in the loss
+            t = self.teacher
+            return KickstartPolicy(logits, obs["rows"][:, t], obs["pending"][:, t], experts(frozen),
+                                   variables["kickstart"]["weight"], self.num_actions, self.num_skills), value
+        if self.closed:  # no expert ever runs
+            return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value
 
         acting = experts(params.get("experts", frozen))
         if self.tune:
@@ -441,7 +481,16 @@ class ManagerTrainer(PPOStage):
         options = build_options(skill_env, library, self.names, self.bank_names)
         ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
-        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob)
+        # the generalist's teacher: the run's target's option (`manager.kickstart`)
+        self.kickstart = config.manager.kickstart if closed else 0.0
+        teacher = None
+        if self.kickstart:
+            if config.target not in self.names:
+                raise SkillError(f"'manager.kickstart' teaches the generalist the target's chain, but the target "
+                                 f"'{config.target}' is not among the manager's skills ({', '.join(self.names)}).")
+            teacher = self.names.index(config.target)
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob,
+                         pending=teacher is not None)
         self.features = feature_skills(library, config.manager.features)
         restart_from = config.manager_restart_from  # "": fresh worlds only (restart_prob 0)
         anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([library[restart_from]])) if restart_from else None
@@ -451,7 +500,7 @@ class ManagerTrainer(PPOStage):
         bank = stack_experts([experts[s]["actor"] for s in self.bank_names])
         policy = ManagerPolicy(bank, len(self.names), env.num_choices(params), num_actions, ppo.hidden_size,
                                ppo.num_layers, ppo.activation, config.manager.dispatch, config.manager.greedy_experts,
-                               closed, ROLLOUT_AXES, tune, config.manager.expert_kl)
+                               closed, ROLLOUT_AXES, tune, config.manager.expert_kl, teacher)
         super().__init__(config, ppo, env, params, policy)
         if start is not None:
             self.begin_from(start)
@@ -473,6 +522,19 @@ class ManagerTrainer(PPOStage):
         # the prior's update runs outside PPO's program: put back on PPO's layout, or the stage's
         # program would compile again for its second chunk (on Craftax 100 s)
         return jax.device_put(runner, self.ppo.shardings(runner))
+
+    def kickstart_weight(self, runner: Any) -> float:
+        """The teacher's weight for the runner's next chunk: `manager.kickstart` falling linearly to 0
+        over the generalist stage's env steps, from the updates the runner has done."""
+        done = int(jax.device_get(runner.update)[0]) * self.config.steps_per_update
+        return self.kickstart * max(0.0, 1.0 - done / self.config.manager.generalist_timesteps)
+
+    def train(self, runner: Any) -> tuple[Any, dict, float]:
+        if self.kickstart:  # set outside the program: a new weight recompiles nothing
+            weight = jnp.full((1,), self.kickstart_weight(runner), jnp.float32)
+            extra = {**runner.extra_variables, "kickstart": {"weight": weight}}
+            runner = jax.device_put(runner.replace(extra_variables=extra), self.ppo.shardings(runner))
+        return super().train(runner)
 
     def params_like(self) -> dict:
         """Host zeros shaped as the manager's parameters (the restore target of a saved manager)."""

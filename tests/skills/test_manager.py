@@ -431,6 +431,46 @@ def test_tuned_experts_price_the_acting_experts_action_and_their_kl_to_their_fro
     np.testing.assert_allclose(penalty, [0.5 * kl, 0.0, 0.0], rtol=1e-4, atol=1e-6)
 
 
+def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pending_and_the_weight_falls_to_0():
+    """`manager.kickstart`: the generalist stage's penalty is the weight times the KL from the routed
+    expert of the target's option (here collect_wood, whose expert prefers "do") to the generalist's
+    base-action policy, on the steps where the target does not hold yet, 0 where it holds; the
+    weight starts at `kickstart` and falls linearly to 0 over the generalist's env steps."""
+    cfg = config(**{**STAGE, "target": "collect_wood",
+                    "manager": {**STAGE["manager"], "skills": ["collect_wood"], "primitives": True,
+                                "generalist_timesteps": 256, "kickstart": 0.5}})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    acts = skill_env.base.action_names
+    teacher_logits = np.array([3.0 if a == "do" else -5.0 for a in acts], np.float32)
+    experts = {"collect_wood": fixed_expert(policy, obs_dim, {acts.index("do"): 3.0})}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"], closed=True)
+    runner = trainer.init(jax.random.key(0))
+    assert trainer.kickstart_weight(runner) == 0.5
+    obs = jax.vmap(lambda k: trainer.env.reset(k, trainer.params)[0])(jax.random.split(jax.random.key(1), 2))
+    obs = {**obs, "pending": obs["pending"].at[1].set(False)}  # the second step: the target already holds
+    params = jax.tree.map(lambda x: x[0], runner.train_state.params)
+    extra = {**variables_of(runner), "kickstart": {"weight": jnp.float32(0.5)}}
+    action = jnp.array([(1 + acts.index("noop")) * len(acts) + acts.index("noop")] * 2)
+    pi, _ = trainer.ppo.apply(params, extra, obs)
+    log_prob, penalty = pi.log_prob_and_penalty(action)
+    student = jax.nn.log_softmax(pi.logits[:, 1:], axis=-1)
+    teacher = jax.nn.log_softmax(teacher_logits)
+    kl = (jnp.exp(teacher) * (teacher - student[0])).sum()
+    np.testing.assert_allclose(penalty, [0.5 * kl, 0.0], rtol=1e-5)
+    np.testing.assert_allclose(log_prob, pi.manager.log_prob(action // len(acts)), rtol=1e-6)
+    # the weight the chunks train with: 0.5, 0.375, 0.25 (256 env steps, 64 a chunk), then 0.125
+    weights = []
+    for _ in range(3):
+        runner, _, _ = trainer.train(runner)
+        weights.append(float(runner.extra_variables["kickstart"]["weight"][0]))
+    assert weights == [0.5, 0.375, 0.25] and trainer.kickstart_weight(runner) == 0.125
+    assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1  # a new weight compiles nothing
+    # the manager stage after it has no teacher
+    assert ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"]).kickstart == 0.0
+
+
 def test_tuned_experts_learn_from_the_base_reward_where_the_manager_calls_them():
     """One option whose expert starts near uniform; tuned on the base reward (wood pays), the managed
     agent collects wood within 10 steps of a fresh world more often than with the expert as it was,
@@ -696,6 +736,9 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
     ("manager: {timesteps: 100, restart_prob: 1.0}", "'restart_prob' must lie in [0, 1)"),
     ("manager: {timesteps: 100, tune_experts: true, greedy_experts: true}", "set 'greedy_experts: false'"),
     ("manager: {timesteps: 100, tune_experts: true, expert_kl: -1}", "'expert_kl' must be >= 0"),
+    ("manager: {timesteps: 100, primitives: true, kickstart: 0.5}", "'kickstart' needs 'generalist_timesteps'"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, skills: [place_table]}",
+     "the target 'collect_wood' is not in manager.skills"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
     path = tmp_path / "bad.yaml"
