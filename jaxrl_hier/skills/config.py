@@ -75,9 +75,10 @@ class ManagerConfig:
     expert_kl: float = 0.1
     # With a generalist: the skills teach it (kickstarting, Schmitt et al. 2018). On the steps where the
     # run's target does not hold yet, its loss adds this weight times the KL from the target's chain
-    # (the expert the composed agent's routing picks, as the target's option would act) to the
-    # generalist's base-action policy; the weight falls linearly to 0 over the generalist stage, so
-    # the generalist ends on the base reward alone. 0: no teacher.
+    # (the expert the composed agent's routing picks, as the target's option would act; where the
+    # target's skill failed, the deepest completed skill towards it) to the generalist's base-action
+    # policy; the weight falls linearly to 0 over the generalist stage, so the generalist ends on the
+    # base reward alone. 0: no teacher.
     kickstart: float = 0.0
 
     def validate(self) -> None:

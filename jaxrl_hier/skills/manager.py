@@ -75,7 +75,7 @@ from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.spaces import Discrete
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
-from jaxrl_hier.skills.composition import EpisodeStats, play_episodes
+from jaxrl_hier.skills.composition import EpisodeStats, choose_target, play_episodes
 from jaxrl_hier.skills.env import Conditions, capture_anchor, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
@@ -485,10 +485,8 @@ class ManagerTrainer(PPOStage):
         self.kickstart = config.manager.kickstart if closed else 0.0
         teacher = None
         if self.kickstart:
-            if config.target not in self.names:
-                raise SkillError(f"'manager.kickstart' teaches the generalist the target's chain, but the target "
-                                 f"'{config.target}' is not among the manager's skills ({', '.join(self.names)}).")
-            teacher = self.names.index(config.target)
+            # the composed agent's choice: the target, or where it failed the deepest skill towards it
+            teacher = self.names.index(choose_target(library, self.names, config.target))
         env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob,
                          pending=teacher is not None)
         self.features = feature_skills(library, config.manager.features)

@@ -436,9 +436,9 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     expert of the target's option (here collect_wood, whose expert prefers "do") to the generalist's
     base-action policy, on the steps where the target does not hold yet, 0 where it holds; the
     weight starts at `kickstart` and falls linearly to 0 over the generalist's env steps."""
-    cfg = config(**{**STAGE, "target": "collect_wood",
-                    "manager": {**STAGE["manager"], "skills": ["collect_wood"], "primitives": True,
-                                "generalist_timesteps": 256, "kickstart": 0.5}})
+    manager = {**STAGE["manager"], "skills": ["collect_wood"], "primitives": True, "generalist_timesteps": 256,
+               "kickstart": 0.5}
+    cfg = config(**{**STAGE, "target": "collect_wood", "manager": manager})
     lib = techtree_library()
     skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
     obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
@@ -469,6 +469,9 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1  # a new weight compiles nothing
     # the manager stage after it has no teacher
     assert ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"]).kickstart == 0.0
+    # a target whose skill failed: the deepest skill towards it teaches, as the composed agent routes
+    failed = config(**{**STAGE, "target": "place_table", "manager": manager})
+    assert ManagerTrainer(failed, skill_env, base_params, lib, experts, ["collect_wood"], closed=True).policy.teacher == 0
 
 
 def test_tuned_experts_learn_from_the_base_reward_where_the_manager_calls_them():
