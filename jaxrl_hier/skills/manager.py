@@ -270,6 +270,11 @@ class ManagerEnv(Environment):
         return self.base.render(state.base, params.base)
 
 
+def masked_kl(where: jax.Array, log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+    """[N]: KL(p || q) of each row's log-probabilities [N, A] where `where`, else 0."""
+    return jnp.where(where, (jnp.exp(log_p) * (log_p - log_q)).sum(-1), 0.0)
+
+
 class OptionPolicy:
     """The manager's distribution over its choices with the chosen skill's expert inside `sample`.
     `log_prob` and `entropy` are the manager's alone: the expert is part of the option's dynamics.
@@ -335,7 +340,7 @@ class TunedOptionPolicy(OptionPolicy):
     def _kl(self, skill: jax.Array, row: jax.Array, tuned: jax.Array) -> jax.Array:
         """Each row's KL of its acting expert to that expert's frozen self (0 where the manager acts)."""
         frozen = jax.nn.log_softmax(jax.lax.stop_gradient(self.reference_logits(row, skill)), axis=-1)
-        return jnp.where(skill, (jnp.exp(tuned) * (tuned - frozen)).sum(-1), 0.0)
+        return masked_kl(skill, tuned, frozen)
 
     def log_prob(self, action: jax.Array) -> jax.Array:
         # the rollout's call: the frozen experts' reference is not needed here
@@ -367,7 +372,7 @@ class KickstartPolicy(OptionPolicy):
         """[N]: the teacher's KL to the generalist's base-action policy where the teacher option is open, else 0."""
         student = jax.nn.log_softmax(self.logits[:, self.num_skills:], axis=-1)
         teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits(self.rows, self.open)), axis=-1)
-        return jnp.where(self.open, (jnp.exp(teacher) * (teacher - student)).sum(-1), 0.0)
+        return masked_kl(self.open, teacher, student)
 
     def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
         return self.log_prob(action), self.weight * self.kl()
