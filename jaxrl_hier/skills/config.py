@@ -80,6 +80,10 @@ class ManagerConfig:
     # policy; the weight falls linearly to 0 over the generalist stage, so the generalist ends on the
     # base reward alone. 0: no teacher.
     kickstart: float = 0.0
+    # The env steps over which the teacher's weight falls to 0; the rest of the generalist stage
+    # trains on the base reward alone (where a teacher crowds out eating and drinking, the stage
+    # has time to win them back). 0: the whole generalist stage.
+    kickstart_timesteps: int = 0
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -110,6 +114,10 @@ class ManagerConfig:
             raise ConfigError(f"'kickstart' must be >= 0 (0: no teacher), got {self.kickstart}.")
         if self.kickstart and not self.generalist_timesteps:
             raise ConfigError("'kickstart' needs 'generalist_timesteps': the skills teach the generalist stage.")
+        if not 0 <= self.kickstart_timesteps <= self.generalist_timesteps:
+            raise ConfigError(f"'kickstart_timesteps' must lie in [0, generalist_timesteps] (0: the whole generalist "
+                              f"stage), got {self.kickstart_timesteps} with generalist_timesteps "
+                              f"{self.generalist_timesteps}.")
         if self.skill_prior and not self.generalist_timesteps:
             raise ConfigError("'skill_prior' needs 'generalist_timesteps': it sets where the skills start beside a "
                               "trained generalist.")

@@ -528,9 +528,11 @@ class ManagerTrainer(PPOStage):
 
     def kickstart_weight(self, runner: Any) -> float:
         """The teacher's weight for the runner's next chunk: `manager.kickstart` falling linearly to 0
-        over the generalist stage's env steps, from the updates the runner has done."""
+        over `manager.kickstart_timesteps` env steps (0: the generalist stage's), from the updates the
+        runner has done."""
+        m = self.config.manager
         done = int(jax.device_get(runner.update)[0]) * self.config.steps_per_update
-        return self.kickstart * max(0.0, 1.0 - done / self.config.manager.generalist_timesteps)
+        return self.kickstart * max(0.0, 1.0 - done / (m.kickstart_timesteps or m.generalist_timesteps))
 
     def train(self, runner: Any) -> tuple[Any, dict, float]:
         if self.kickstart:  # set outside the program: a new weight recompiles nothing

@@ -466,6 +466,11 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
         runner, _, _ = trainer.train(runner)
         weights.append(float(runner.extra_variables["kickstart"]["weight"][0]))
     assert weights == [0.5, 0.375, 0.25] and trainer.kickstart_weight(runner) == 0.125
+    # `kickstart_timesteps`: the weight falls to 0 over its env steps (128 of the 256), then stays there
+    short = config(**{**STAGE, "target": "collect_wood", "manager": {**manager, "kickstart_timesteps": 128}})
+    short = ManagerTrainer(short, skill_env, base_params, lib, experts, ["collect_wood"], closed=True)
+    assert short.kickstart_weight(runner) == 0.0  # 192 env steps done
+    assert short.kickstart_weight(runner.replace(update=runner.update // 3)) == 0.25  # 64 done
     assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1  # a new weight compiles nothing
     # the manager stage after it has no teacher
     assert ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"]).kickstart == 0.0
@@ -740,6 +745,8 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
     ("manager: {timesteps: 100, tune_experts: true, greedy_experts: true}", "set 'greedy_experts: false'"),
     ("manager: {timesteps: 100, tune_experts: true, expert_kl: -1}", "'expert_kl' must be >= 0"),
     ("manager: {timesteps: 100, primitives: true, kickstart: 0.5}", "'kickstart' needs 'generalist_timesteps'"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_timesteps: 200}",
+     "'kickstart_timesteps' must lie in [0, generalist_timesteps]"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, skills: [place_table]}",
      "the target 'collect_wood' is not in manager.skills"),
 ])
