@@ -114,6 +114,9 @@ class ManagerConfig:
             raise ConfigError(f"'kickstart' must be >= 0 (0: no teacher), got {self.kickstart}.")
         if self.kickstart and not self.generalist_timesteps:
             raise ConfigError("'kickstart' needs 'generalist_timesteps': the skills teach the generalist stage.")
+        if self.kickstart_timesteps and not self.kickstart:
+            raise ConfigError("'kickstart_timesteps' sets how long the teacher teaches, but 'kickstart' is 0 (no "
+                              "teacher): set kickstart > 0 or drop kickstart_timesteps.")
         if not 0 <= self.kickstart_timesteps <= self.generalist_timesteps:
             raise ConfigError(f"'kickstart_timesteps' must lie in [0, generalist_timesteps] (0: the whole generalist "
                               f"stage), got {self.kickstart_timesteps} with generalist_timesteps "

@@ -747,6 +747,8 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
     ("manager: {timesteps: 100, primitives: true, kickstart: 0.5}", "'kickstart' needs 'generalist_timesteps'"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_timesteps: 200}",
      "'kickstart_timesteps' must lie in [0, generalist_timesteps]"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart_timesteps: 50}",
+     "'kickstart' is 0 (no teacher)"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, skills: [place_table]}",
      "the target 'collect_wood' is not in manager.skills"),
 ])
