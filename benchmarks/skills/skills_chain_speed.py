@@ -11,8 +11,9 @@ phase should use on a machine, and how its chunk time compares to a skill round'
 Beside each chunk it times the optimizer alone: one Adam step (`PPO.optimizer`, gradient clipping
 included) on the chain's parameter tree, as each minibatch of the update takes it (a compiled scan
 of a chunk's steps), and on flat PPO's network with the same `ppo` section, times the steps a chunk
-takes (`updates_per_round` x `update_epochs` x `num_minibatches`). Every expert of the chain trains, so its tree is the bank of
-actors and one critic; an Adam step reads and writes each parameter and both moments.
+takes (`updates_per_round` x `update_epochs` x `num_minibatches`). Every expert of the chain
+trains, so its tree is the bank of actors and one critic; an Adam step reads and writes each
+parameter and both moments.
 
 Writes DIR/skills_chain_speed.json and a markdown table (device, versions, compile and chunk times).
 """
