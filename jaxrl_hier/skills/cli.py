@@ -138,8 +138,10 @@ def status_table(state: SchedulerState, report: dict | None = None) -> str:
         lines.append(f"chain fine-tuning towards {c['target']} ({', '.join(c['plan'])}): {c['status']}, "
                      f"{c['steps']:,} env steps")
     if state.generalist:
-        lines.append(f"generalist (the manager with its skills closed): {state.generalist['status']}, "
-                     f"{state.generalist['steps']:,} env steps")
+        g = state.generalist
+        taught = f", taught by {g['teacher']}'s chain" if g.get("teacher") else ""
+        lines.append(f"generalist (the manager with its skills closed): {g['status']}, {g['steps']:,} env steps"
+                     + taught)
     if state.manager.get("status") == "skipped":
         lines.append(f"manager: skipped, {state.manager['reason']}")
     elif state.manager:

@@ -10,6 +10,8 @@ from typing import Any
 from jaxrl_hier.config import ConfigError, build_dataclass
 
 GENERATORS = ("planner", "openai", "local_llm")
+# The skills that may teach the generalist (`manager.kickstart_from`).
+KICKSTART_FROM = ("completed", "attempted")
 
 
 def _check_skill_list(key: str, names: tuple[str, ...]) -> None:
@@ -76,7 +78,7 @@ class ManagerConfig:
     # With a generalist: the skills teach it (kickstarting, Schmitt et al. 2018). On the steps where the
     # run's target does not hold yet, its loss adds this weight times the KL from the target's chain
     # (the expert the composed agent's routing picks, as the target's option would act; where the
-    # target's skill failed, the deepest completed skill towards it) to the generalist's base-action
+    # target's skill failed, the deepest skill towards it that `kickstart_from` allows) to the generalist's base-action
     # policy; the weight falls linearly to 0 over the generalist stage, so the generalist ends on the
     # base reward alone. 0: no teacher.
     kickstart: float = 0.0
@@ -84,6 +86,11 @@ class ManagerConfig:
     # trains on the base reward alone (where a teacher crowds out eating and drinking, the stage
     # has time to win them back). 0: the whole generalist stage.
     kickstart_timesteps: int = 0
+    # Which skills may teach: "completed" (the manager's options), or "attempted", where a skill that
+    # failed (most often its fresh-world bar) teaches from its last attempt's expert, which the
+    # scheduler keeps, as chain fine-tuning starts from it. The teacher is then the deepest skill
+    # towards the target whose chain has experts, whether or not it is an option.
+    kickstart_from: str = "completed"
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -117,6 +124,12 @@ class ManagerConfig:
         if self.kickstart_timesteps and not self.kickstart:
             raise ConfigError("'kickstart_timesteps' sets how long the teacher teaches, but 'kickstart' is 0 (no "
                               "teacher): set kickstart > 0 or drop kickstart_timesteps.")
+        if self.kickstart_from not in KICKSTART_FROM:
+            raise ConfigError(f"'kickstart_from' must be one of {', '.join(KICKSTART_FROM)}, got "
+                              f"'{self.kickstart_from}'.")
+        if self.kickstart_from != "completed" and not self.kickstart:
+            raise ConfigError(f"'kickstart_from: {self.kickstart_from}' picks the teacher, but 'kickstart' is 0 (no "
+                              "teacher): set kickstart > 0 or drop kickstart_from.")
         if not 0 <= self.kickstart_timesteps <= self.generalist_timesteps:
             raise ConfigError(f"'kickstart_timesteps' must lie in [0, generalist_timesteps] (0: the whole generalist "
                               f"stage), got {self.kickstart_timesteps} with generalist_timesteps "

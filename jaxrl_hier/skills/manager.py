@@ -75,6 +75,7 @@ from jaxrl_hier.envs.base import Environment
 from jaxrl_hier.envs.spaces import Discrete
 from jaxrl_hier.networks.actor_critic import ACTIVATIONS
 from jaxrl_hier.logging.episode_gif import record_episode
+from jaxrl_hier.skills.chain import chain_target
 from jaxrl_hier.skills.composition import EpisodeStats, choose_target, play_episodes
 from jaxrl_hier.skills.env import Conditions, capture_anchor, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
@@ -105,6 +106,7 @@ class ManagerParams:
     option_steps: jax.Array  # int32: an option ends after this many base steps
     features: Conditions | None = None  # [F, C]: success conditions the network reads (`features`), if any
     anchor: Conditions | None = None  # [C]: the success conditions whose first state restarts keep, if any
+    teacher: Options | None = None  # one row: the generalist's teacher (`manager.kickstart`), if any
 
 
 @struct.dataclass
@@ -182,10 +184,7 @@ class ManagerEnv(Environment):
     manager's network reads, still show what the open manager could choose."""
 
     def __init__(self, skill_env: Any, num_actions: int, primitives: bool = False, closed: bool = False,
-                 restart_prob: float = 0.0, pending: bool = False):
-        # pending: the observation also holds `pending`, which skills do not hold yet (a teacher's
-        # steps, `KickstartPolicy`); `choices` opens every skill once all hold, so it cannot tell
-        self.pending = bool(pending)
+                 restart_prob: float = 0.0):
         if closed and not primitives:
             raise SkillError("a manager with its skills closed needs its base actions (primitives).")
         if not 0.0 <= restart_prob < 1.0:
@@ -212,8 +211,9 @@ class ManagerEnv(Environment):
         obs = {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
         if params.features is not None:  # the skills still to do, as inputs
             obs["features"] = ~each_holds(q, params.features)
-        if self.pending:
-            obs["pending"] = pending
+        if params.teacher is not None:  # the teacher's expert now, and whether its skill is still to do
+            obs["teacher_row"] = acting_rows(q, params.teacher)[0]
+            obs["teacher_pending"] = ~option_holds(q, params.teacher)[0]
         return obs
 
     def reset(self, key: jax.Array, params: ManagerParams):
@@ -359,19 +359,19 @@ class TunedOptionPolicy(OptionPolicy):
 
 class KickstartPolicy(OptionPolicy):
     """The generalist's distribution (skills closed) with a teacher: `log_prob_and_penalty` adds, on
-    each step where the teacher option is open (its skill does not hold yet), `weight` times the KL
-    from that option's routed expert (the chain's, as the composed agent would act) to the
-    generalist's policy over base actions (`manager.kickstart`)."""
+    each step where the teacher's skill does not hold yet (`open_`), `weight` times the KL from the
+    expert its chain routes to (`teacher_rows`, as the composed agent would act) to the generalist's
+    policy over base actions (`manager.kickstart`)."""
 
-    def __init__(self, logits: jax.Array, rows: jax.Array, open_: jax.Array, teacher_logits: Callable,
-                 weight: jax.Array, num_actions: int, num_skills: int):
+    def __init__(self, logits: jax.Array, rows: jax.Array, teacher_rows: jax.Array, open_: jax.Array,
+                 teacher_logits: Callable, weight: jax.Array, num_actions: int, num_skills: int):
         super().__init__(logits, rows, None, num_actions, num_skills)
-        self.open, self.teacher_logits, self.weight = open_, teacher_logits, weight
+        self.teacher_rows, self.open, self.teacher_logits, self.weight = teacher_rows, open_, teacher_logits, weight
 
     def kl(self) -> jax.Array:
-        """[N]: the teacher's KL to the generalist's base-action policy where the teacher option is open, else 0."""
+        """[N]: the teacher's KL to the generalist's base-action policy where its skill is to do, else 0."""
         student = jax.nn.log_softmax(self.logits[:, self.num_skills:], axis=-1)
-        teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits(self.rows, self.open)), axis=-1)
+        teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits(self.teacher_rows, self.open)), axis=-1)
         return masked_kl(self.open, teacher, student)
 
     def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -384,13 +384,13 @@ class ManagerPolicy:
     skills are closed (`ManagerEnv`), so no expert acts. `tune`: the parameters also hold a copy
     of the bank (`params["experts"]`) that acts and trains, the frozen bank its KL reference
     (`TunedOptionPolicy`); a parameter tree with such a copy acts through it whatever `tune` says.
-    `teacher`: with `closed`, the option whose routed expert teaches the generalist (`KickstartPolicy`),
-    with the weight in the `kickstart` variable collection."""
+    `teacher`: with `closed`, the env's teacher (`ManagerParams.teacher`) teaches the generalist
+    (`KickstartPolicy`), with the weight in the `kickstart` variable collection."""
 
     def __init__(self, bank: Any, num_skills: int, num_choices: int, num_actions: int, hidden_size: int,
                  num_layers: int, activation: str, dispatch: str = "gather", greedy_experts: bool = False,
                  closed: bool = False, sync_axes: tuple[str, ...] = (), tune: bool = False, expert_kl: float = 0.0,
-                 teacher: int | None = None):
+                 teacher: bool = False):
         # num_choices: `ManagerEnv.num_choices`, the skills and, with `primitives`, the base actions
         self.bank, self.num_skills, self.num_choices, self.num_actions = bank, num_skills, num_choices, num_actions
         self.hidden_size, self.num_layers, self.activation = hidden_size, num_layers, activation
@@ -399,9 +399,9 @@ class ManagerPolicy:
         if tune and (closed or greedy_experts):
             raise SkillError("tuned experts need the skills open and sampled experts (greedy_experts: false).")
         self.tune, self.expert_kl = tune, float(expert_kl)
-        if teacher is not None and not closed:
-            raise SkillError("a teacher option teaches the generalist: it needs the skills closed.")
-        self.teacher = teacher
+        if teacher and not closed:
+            raise SkillError("a teacher teaches the generalist: it needs the skills closed.")
+        self.teacher = bool(teacher)
 
     @staticmethod
     def _inputs(obs: dict) -> tuple[jax.Array, jax.Array]:
@@ -419,7 +419,7 @@ class ManagerPolicy:
         params = {"actor": init_mlp(k_actor, [din, *hidden, self.num_choices], 0.01),
                   "critic": init_mlp(k_critic, [din, *hidden, 1], 1.0)}
         variables = {"params": {**params, "experts": bank} if self.tune else params, "experts": {"actor": bank}}
-        if self.teacher is not None:  # the trainer sets the weight chunk by chunk (ManagerTrainer.train)
+        if self.teacher:  # the trainer sets the weight chunk by chunk (ManagerTrainer.train)
             variables["kickstart"] = {"weight": jnp.float32(0.0)}
         return variables
 
@@ -434,9 +434,8 @@ class ManagerPolicy:
             return partial(mixture_apply_active, bank, x, act=act, mix=mixture_for(self.dispatch),
                            sync_axes=self.sync_axes)
 
-        if self.closed and self.teacher is not None:  # no expert acts; the teacher's runs in the loss
-            t = self.teacher
-            return KickstartPolicy(logits, obs["rows"][:, t], obs["pending"][:, t], experts(frozen),
+        if self.closed and self.teacher:  # no expert acts; the teacher's runs in the loss
+            return KickstartPolicy(logits, obs["rows"], obs["teacher_row"], obs["teacher_pending"], experts(frozen),
                                    variables["kickstart"]["weight"], self.num_actions, self.num_skills), value
         if self.closed:  # no expert ever runs
             return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value
@@ -466,6 +465,17 @@ def with_skill_prior(policy: ManagerPolicy, params: dict, extra: dict, obs: dict
     return {**params, "actor": actor}
 
 
+def kickstart_teacher(library: SkillLibrary, names: Sequence[str], experts: dict, target: str,
+                      kickstart_from: str = "completed") -> str:
+    """The skill whose chain teaches the generalist (`manager.kickstart`). "completed": the composed
+    agent's choice among the options `names` (the target, or where its skill failed the deepest option
+    towards it). "attempted": the same choice among every skill whose chain has experts in `experts`,
+    which then holds each failed skill's last attempt too (`skills.chain.failed_experts`)."""
+    if kickstart_from == "attempted":
+        return chain_target(library, list(experts), target)
+    return choose_target(library, list(names), target)
+
+
 def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) -> list[str]:
     """The options of a run: `wanted` ("all": every skill with an expert, in library order) among the
     skills that have an expert for themselves and their whole closure."""
@@ -475,35 +485,36 @@ def manager_skills(library: SkillLibrary, wanted: Sequence[str], experts: dict) 
 
 class ManagerTrainer(PPOStage):
     """PPO over a `ManagerEnv` whose options are `names`; `experts` maps skill -> expert (`skills.moe` trees).
-    `closed`: the generalist stage (skills closed); `start`: parameters to begin from (the generalist's,
-    `result(...)["manager"]`) instead of a fresh initialisation; `ppo`: the stage's PPO settings where
-    they are not `config.manager_ppo_config(closed)` (an ablation's schedule, say)."""
+    `closed`: the generalist stage (skills closed), taught with `manager.kickstart` by the chain of
+    `kickstart_teacher(..., experts, ...)`, whose experts join the bank; `start`: parameters to begin
+    from (the generalist's, `result(...)["manager"]`) instead of a fresh initialisation; `ppo`: the
+    stage's PPO settings where they are not `config.manager_ppo_config(closed)` (an ablation's
+    schedule, say)."""
 
     def __init__(self, config: Any, skill_env: Any, base_params: Any, library: SkillLibrary, experts: dict,
                  names: Sequence[str], closed: bool = False, start: Any = None, ppo: Any = None):
         self.names, self.start = list(names), None
-        self.bank_names = option_bank_names(library, self.names)
+        self.kickstart = config.manager.kickstart if closed else 0.0
+        self.teacher = kickstart_teacher(library, self.names, experts, config.target,
+                                         config.manager.kickstart_from) if self.kickstart else None
+        # the options' experts, then the teacher's where it is not an option (the bank's rows are
+        # the experts' order, so the options' rows are the same with or without it)
+        self.bank_names = option_bank_names(library, self.names + ([self.teacher] if self.teacher else []))
         options = build_options(skill_env, library, self.names, self.bank_names)
+        teacher = build_options(skill_env, library, [self.teacher], self.bank_names) if self.teacher else None
         ppo = ppo or config.manager_ppo_config(closed)
         num_actions = int(skill_env.base.action_space(base_params).n)
-        # the generalist's teacher: the run's target's option (`manager.kickstart`)
-        self.kickstart = config.manager.kickstart if closed else 0.0
-        teacher = None
-        if self.kickstart:
-            # the composed agent's choice: the target, or where it failed the deepest skill towards it
-            teacher = self.names.index(choose_target(library, self.names, config.target))
-        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob,
-                         pending=teacher is not None)
+        env = ManagerEnv(skill_env, num_actions, config.manager.primitives, closed, config.manager.restart_prob)
         self.features = feature_skills(library, config.manager.features)
         restart_from = config.manager_restart_from  # "": fresh worlds only (restart_prob 0)
         anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([library[restart_from]])) if restart_from else None
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
-                               build_features(skill_env, library, self.features), anchor)
+                               build_features(skill_env, library, self.features), anchor, teacher)
         tune = config.manager.tune_experts and not closed
         bank = stack_experts([experts[s]["actor"] for s in self.bank_names])
         policy = ManagerPolicy(bank, len(self.names), env.num_choices(params), num_actions, ppo.hidden_size,
                                ppo.num_layers, ppo.activation, config.manager.dispatch, config.manager.greedy_experts,
-                               closed, ROLLOUT_AXES, tune, config.manager.expert_kl, teacher)
+                               closed, ROLLOUT_AXES, tune, config.manager.expert_kl, teacher is not None)
         super().__init__(config, ppo, env, params, policy)
         if start is not None:
             self.begin_from(start)
@@ -630,5 +641,5 @@ class ManagedAgent:
 
 __all__ = ["GENERALIST_DIR", "MANAGER_DIR", "Managed", "ManagedAgent", "ManagerEnv", "ManagerParams", "ManagerPolicy",
            "ManagerState", "ManagerTrainer", "OptionPolicy", "Options", "acting_rows", "build_features", "build_options", "each_holds",
-           "feature_skills", "load_manager", "manager_skills", "option_bank_names", "option_holds", "save_manager",
+           "feature_skills", "kickstart_teacher", "load_manager", "manager_skills", "option_bank_names", "option_holds", "save_manager",
            "with_skill_prior"]

@@ -304,7 +304,14 @@ class Scheduler:
             self._save()
         if record["status"] == "done" and (manager["steps"] or record["steps"] >= total):
             return True
+        if c.manager.kickstart_from == "attempted":  # a failed skill's last attempt may teach
+            from jaxrl_hier.skills.chain import with_chain
+
+            experts = with_chain(self.dir, self.state.chain, self._chain_experts())
         trainer = ManagerTrainer(c, env, base_params, library, experts, manager["skills"], closed=True)
+        if trainer.teacher and record.get("teacher") != trainer.teacher:  # for `skills status`
+            record["teacher"] = trainer.teacher
+            self._save()
         return self._run_stage("generalist", record, trainer, max(total, record["steps"]), {"generalist": True},
                                lambda runner: save_manager(self.dir, trainer.result(runner), {"steps": record["steps"]},
                                                            GENERALIST_DIR),

@@ -449,7 +449,7 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     runner = trainer.init(jax.random.key(0))
     assert trainer.kickstart_weight(runner) == 0.5
     obs = jax.vmap(lambda k: trainer.env.reset(k, trainer.params)[0])(jax.random.split(jax.random.key(1), 2))
-    obs = {**obs, "pending": obs["pending"].at[1].set(False)}  # the second step: the target already holds
+    obs = {**obs, "teacher_pending": obs["teacher_pending"].at[1].set(False)}  # the second step: the target holds
     params = jax.tree.map(lambda x: x[0], runner.train_state.params)
     extra = {**variables_of(runner), "kickstart": {"weight": jnp.float32(0.5)}}
     action = jnp.array([(1 + acts.index("noop")) * len(acts) + acts.index("noop")] * 2)
@@ -474,9 +474,41 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     assert trainer.ppo._compiled[cfg.updates_per_round]._cache_size() == 1  # a new weight compiles nothing
     # the manager stage after it has no teacher
     assert ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"]).kickstart == 0.0
-    # a target whose skill failed: the deepest skill towards it teaches, as the composed agent routes
+    # a target whose skill failed: the deepest option towards it teaches, as the composed agent routes
     failed = config(**{**STAGE, "target": "place_table", "manager": manager})
-    assert ManagerTrainer(failed, skill_env, base_params, lib, experts, ["collect_wood"], closed=True).policy.teacher == 0
+    assert ManagerTrainer(failed, skill_env, base_params, lib, experts, ["collect_wood"], closed=True).teacher \
+        == "collect_wood"
+    # `kickstart_from: attempted`: the failed target's kept expert teaches though it is no option; it
+    # joins the bank after the options' experts, and its chain routes as the composed agent's would
+    attempted = config(**{**STAGE, "target": "place_table", "manager": {**manager, "kickstart_from": "attempted"}})
+    kept_logits = np.array([3.0 if a == "noop" else -5.0 for a in acts], np.float32)
+    kept = {**experts, "place_table": fixed_expert(policy, obs_dim, {acts.index("noop"): 3.0})}
+    taught = ManagerTrainer(attempted, skill_env, base_params, lib, kept, ["collect_wood"], closed=True)
+    assert taught.teacher == "place_table" and taught.bank_names == ["collect_wood", "place_table"]
+    assert taught.env.num_choices(taught.params) == trainer.env.num_choices(trainer.params)  # the same outputs
+    obs = jax.vmap(lambda k: taught.env.reset(k, taught.params)[0])(jax.random.split(jax.random.key(1), 2))
+    assert obs["teacher_row"].tolist() == [0, 0] and obs["teacher_pending"].all()  # no wood yet: its dependency
+    obs = {**obs, "teacher_row": jnp.array([0, 1])}  # the second: wood in hand, the table's own expert
+    runner = taught.init(jax.random.key(0))
+    pi, _ = taught.ppo.apply(jax.tree.map(lambda x: x[0], runner.train_state.params),
+                             {**variables_of(runner), "kickstart": {"weight": jnp.float32(0.5)}}, obs)
+    student = jax.nn.log_softmax(pi.logits[:, 1:], axis=-1)
+    kls = [(jnp.exp(t) * (t - s)).sum() for t, s in zip(map(jax.nn.log_softmax, (teacher_logits, kept_logits)), student)]
+    np.testing.assert_allclose(pi.log_prob_and_penalty(action)[1], 0.5 * jnp.stack(kls), rtol=1e-5)
+
+
+def test_a_failed_targets_kept_expert_teaches_the_generalist_of_a_run(tmp_path):
+    """In a run whose target's skill fails, `kickstart_from: attempted` makes its last attempt's expert
+    the teacher (recorded in the state and shown by `skills status`); the manager's options stay the
+    completed skills."""
+    cfg = config(**{**STAGE, "max_retries": 0,
+                    "manager": {**GENERALIST, "generalist_timesteps": 64, "kickstart": 0.5, "kickstart_from": "attempted"}})
+    lib = techtree_library()
+    state = Scheduler(cfg, tmp_path, ExpertTrainer(cfg, never=("make_wood_pickaxe",)), RecordingPlanner(lib), lib).run()
+    assert {r.name: r.status for r in state.skills}["make_wood_pickaxe"] == "failed"
+    assert state.generalist["teacher"] == "make_wood_pickaxe" and state.generalist["status"] == "done"
+    assert state.manager["skills"] == ["collect_wood", "place_table"] and state.manager["status"] == "done"
+    assert "taught by make_wood_pickaxe's chain" in status_table(state)
 
 
 def test_tuned_experts_learn_from_the_base_reward_where_the_manager_calls_them():
@@ -749,6 +781,10 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
      "'kickstart_timesteps' must lie in [0, generalist_timesteps]"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart_timesteps: 50}",
      "'kickstart' is 0 (no teacher)"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart_from: attempted}",
+     "'kickstart_from: attempted' picks the teacher, but 'kickstart' is 0"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_from: failed}",
+     "'kickstart_from' must be one of completed, attempted"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, skills: [place_table]}",
      "the target 'collect_wood' is not in manager.skills"),
 ])
