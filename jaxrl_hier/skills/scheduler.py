@@ -316,7 +316,8 @@ class Scheduler:
                                lambda runner: save_manager(self.dir, trainer.result(runner), {"steps": record["steps"]},
                                                            GENERALIST_DIR),
                                GENERALIST_DIR, GENERALIST_KEY,
-                               f"(the manager's network, {len(manager['skills'])} skills closed, base actions only)")
+                               f"(the manager's network, {len(manager['skills'])} skills closed, base actions only"
+                               + (f", taught by {trainer.teacher}'s chain)" if trainer.teacher else ")"))
 
     def _run_stage(self, name: str, record: dict, tuner: Any, total: int, meta: dict, save_result: Callable,
                    dirname: str, seed_key: int, what: str) -> bool:
