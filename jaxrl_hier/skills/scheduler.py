@@ -305,9 +305,9 @@ class Scheduler:
         if record["status"] == "done" and (manager["steps"] or record["steps"] >= total):
             return True
         if c.manager.kickstart_from == "attempted":  # a failed skill's last attempt may teach
-            from jaxrl_hier.skills.chain import with_chain
-
-            experts = with_chain(self.dir, self.state.chain, self._chain_experts())
+            # `experts` already holds the chain's tuned experts: add the failed skills' kept ones
+            # (in completion order, then the failed) without reading the chain again
+            experts = {**self._chain_experts(), **experts}
         trainer = ManagerTrainer(c, env, base_params, library, experts, manager["skills"], closed=True)
         if trainer.teacher and record.get("teacher") != trainer.teacher:  # for `skills status`
             record["teacher"] = trainer.teacher
