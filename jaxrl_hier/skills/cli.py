@@ -7,8 +7,9 @@
     python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
-before anything compiles. `run` and `resume` exit 0 when the target is reached (`target_reached`:
-the target skill completed, or chain fine-tuning trained the agent towards it), 1 otherwise.
+before anything compiles. `run` and `resume` exit 0 when the run's final agent is trained
+(`final_agent_trained`: the target skill completed, chain fine-tuning trained the agent towards it, or
+the manager stage finished), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -171,14 +172,18 @@ def _execute(config: SkillsConfig, catalog, output_dir: Path, resume: bool, prog
         report = evaluate_run(output_dir, config, catalog, episodes=config.eval_episodes,
                               gif_steps=config.eval_gif_steps)
     print(status_table(state, report))
-    return 0 if target_reached(state) else 1
+    return 0 if final_agent_trained(state) else 1
 
 
-def target_reached(state: SchedulerState) -> bool:
-    """Every skill completed (target "all"), the target skill completed, or the chain phase finished
+def final_agent_trained(state: SchedulerState) -> bool:
+    """Every skill completed (target "all"), the target skill completed, the chain phase finished
     training the composed agent towards the target (then the final agent is the chain's, whether or
     not the target passed as a skill of its own: on TechTree it failed at every seed, and the chain
-    took the agent to 79-87% diamonds)."""
+    took the agent to 79-87% diamonds), or the manager stage finished: the managed agent plays the
+    base game over the completed skills, and a target that failed as a skill may still have taught
+    its generalist (`manager.kickstart_from: attempted`)."""
+    if state.manager.get("status") == "done":
+        return True
     if state.target == "all":
         return all(r.status == "completed" for r in state.skills)
     chained = state.chain.get("status") == "done" and state.chain.get("target") == state.target

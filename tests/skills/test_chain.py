@@ -14,7 +14,7 @@ import pytest
 from fake_skills_trainer import Crash, ExpertTrainer, RecordingPlanner, config
 
 from jaxrl_hier.logging.metrics import read_jsonl
-from jaxrl_hier.skills.cli import status_table, target_reached
+from jaxrl_hier.skills.cli import final_agent_trained, status_table
 from jaxrl_hier.skills import state as state_module
 from jaxrl_hier.skills.chain import CHAIN_DIR, ChainEnv, ChainParams, chain_target, load_chain
 from jaxrl_hier.skills.composed import build_composition, evaluate_run
@@ -83,17 +83,21 @@ def test_progress_reward_routing_and_end_at_the_target():
     assert plan == ["collect_wood", "place_table"]
 
 
-def test_a_target_the_chain_tuned_counts_as_reached_for_the_exit_code():
-    def state(target_status, chain):
-        return SchedulerState(target="make_wood_pickaxe", chain=chain, skills=[
+def test_the_exit_code_says_whether_the_final_agent_is_trained():
+    def state(target_status, chain, manager=None):
+        return SchedulerState(target="make_wood_pickaxe", chain=chain, manager=manager or {}, skills=[
             SkillRecord(0, "collect_wood", {}, status="completed"),
             SkillRecord(1, "make_wood_pickaxe", {}, status=target_status)])
 
     tuned = {"status": "done", "target": "make_wood_pickaxe"}
-    assert target_reached(state("completed", {})) and target_reached(state("failed", tuned))
-    assert not target_reached(state("failed", {}))
-    assert not target_reached(state("failed", {**tuned, "status": "running"}))  # a phase cut short
-    assert not target_reached(state("failed", {**tuned, "target": "collect_wood"}))  # tuned towards less
+    assert final_agent_trained(state("completed", {})) and final_agent_trained(state("failed", tuned))
+    assert not final_agent_trained(state("failed", {}))
+    assert not final_agent_trained(state("failed", {**tuned, "status": "running"}))  # a phase cut short
+    assert not final_agent_trained(state("failed", {**tuned, "target": "collect_wood"}))  # tuned towards less
+    # the managed agent is the final agent once its stage is done, whatever became of the target skill
+    assert final_agent_trained(state("failed", {}, {"status": "done", "steps": 64}))
+    assert not final_agent_trained(state("failed", {}, {"status": "running", "steps": 32}))
+    assert not final_agent_trained(state("failed", {}, {"status": "skipped", "reason": "none"}))
 
 
 def test_chain_target_needs_experts_for_the_whole_chain():
