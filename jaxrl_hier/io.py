@@ -2,7 +2,8 @@
 
 `atomic_writer` is the one mechanism: every file the package writes goes through it (directly,
 or through the `atomic_write_*` shorthands). `fsync_dir` makes a rename or a file creation
-durable; `metrics.jsonl` appends use it when they create the file.
+durable; `metrics.jsonl` appends use it when they create the file. `atomic_directory` does for a
+whole directory (a branched run) what `atomic_writer` does for a file.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -49,6 +51,36 @@ def atomic_writer(path: str | Path, mode: str = "wb") -> Iterator[IO]:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)  # make the rename itself durable
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """A temporary directory next to `path` to fill; on a clean exit every file in it is fsynced and
+    it is renamed to `path`, which must not exist or be empty. On an error it is removed and `path`
+    is untouched: a reader sees no directory or a whole one.
+
+    >>> with atomic_directory("runs/copy") as tmp:
+    ...     shutil.copytree("runs/run", tmp, dirs_exist_ok=True)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700 directories; this is an ordinary output
+        yield tmp
+        for root, _, files in os.walk(tmp):
+            for name in files:
+                fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(root)
+        os.rename(tmp, path)  # over an empty directory too; a non-empty one raises OSError
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -220,6 +220,28 @@ def test_atomic_writer_replaces_whole_files_only(tmp_path):
     assert target.stat().st_mode & 0o777 == 0o644
 
 
+
+def test_atomic_directory_appears_whole_or_not_at_all(tmp_path):
+    from jaxrl_hier.io import atomic_directory
+
+    target = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(target) as tmp:
+            (tmp / "a.txt").write_text("half")
+            raise RuntimeError("crash mid-copy")
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor its temporary one
+    with atomic_directory(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "a.txt").write_text("whole")
+        assert not target.exists()  # nothing under the name until the end
+    assert (target / "sub" / "a.txt").read_text() == "whole" and [p.name for p in tmp_path.iterdir()] == ["run"]
+    assert target.stat().st_mode & 0o777 == 0o755
+    with pytest.raises(OSError):  # never over a directory with files in it
+        with atomic_directory(target) as tmp:
+            (tmp / "b.txt").write_text("other")
+    assert sorted(p.name for p in target.rglob("*")) == ["a.txt", "sub"]
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
 def test_episode_gif_frames_are_scaled_and_captioned():
     import numpy as np
 

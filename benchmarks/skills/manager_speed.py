@@ -30,7 +30,8 @@ from benchmarks.skills.skills_speed import time_rounds  # noqa: E402
 from jaxrl_hier.bench import device_info  # noqa: E402
 from jaxrl_hier.config import ConfigError  # noqa: E402
 from jaxrl_hier.io import atomic_write_json, atomic_write_text  # noqa: E402
-from jaxrl_hier.skills.cli import check_config, saved_config  # noqa: E402
+from jaxrl_hier.skills.cli import check_config  # noqa: E402
+from jaxrl_hier.skills.config import saved_config  # noqa: E402
 from jaxrl_hier.skills.composed import load_run  # noqa: E402
 from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR, ManagerTrainer, load_manager  # noqa: E402
 from jaxrl_hier.skills.state import load_state  # noqa: E402

@@ -5,6 +5,7 @@
     python -m jaxrl_hier.skills eval DIR [--episodes N] [--target SKILL] [--max-steps N] [--seed N] [--before-chain]
                                          [--no-manager]
     python -m jaxrl_hier.skills resume DIR [key=value ...]   (only RESUME_SAFE_KEYS)
+    python -m jaxrl_hier.skills branch SRC DST [--keep-generalist] [manager.key=value ...]   (skills.branch)
 
 Bad input (config, skills, a corrupt or locked run directory) is one message and exit code 2,
 before anything compiles. `run` and `resume` exit 0 when the run's final agent is trained
@@ -23,10 +24,9 @@ from pathlib import Path
 
 from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
 from jaxrl_hier.runs import is_primary, use_compilation_cache
-from jaxrl_hier.skills.config import SkillsConfig
+from jaxrl_hier.skills.config import CONFIG_FILE, SkillsConfig, saved_config
 from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
-CONFIG_FILE = "config.yaml"
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
 # network, PPO, seeds, round length, completion test and budget stay as the checkpoints hold them).
 # They bound the whole run, retry failed skills, reach the generator, or judge the lock; a larger
@@ -218,13 +218,6 @@ def resume_overrides(items: list[str]) -> dict:
     return overrides
 
 
-def saved_config(out: Path, overrides: list[str] | None = None) -> SkillsConfig:
-    """The config a skills run directory was started with (its config.yaml), `overrides` applied."""
-    if not (out / CONFIG_FILE).is_file():
-        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
-    return load_config(SkillsConfig, out / CONFIG_FILE, overrides or [])
-
-
 def cmd_resume(args) -> int:
     out = Path(args.output_dir)
     overrides = resume_overrides(args.overrides)  # refused before anything is read or written
@@ -234,6 +227,20 @@ def cmd_resume(args) -> int:
     # Written once the run directory is locked, so that later resumes keep the overrides.
     record = (lambda: save_config(config, out / CONFIG_FILE)) if overrides else None
     return _execute(config, catalog, out, resume=True, progress=not args.no_progress, on_lock=record)
+
+
+def cmd_branch(args) -> int:
+    """A copy of a run's skills with its later stages dropped and new manager settings (skills.branch);
+    `resume DST` trains those stages."""
+    from jaxrl_hier.skills.branch import branch_config, branch_run
+
+    src, dst = Path(args.src), Path(args.dst)
+    config = branch_config(src, args.overrides, args.keep_generalist)  # refused before anything is written
+    check_config(config)
+    branch_run(src, dst, config, args.keep_generalist)
+    stages = "the manager stage" if args.keep_generalist else "the generalist and manager stages"
+    print(f"branched {src} to {dst}; train {stages} with `python -m jaxrl_hier.skills resume {dst}`")
+    return 0
 
 
 def cmd_status(args) -> int:
@@ -299,6 +306,14 @@ def parser() -> argparse.ArgumentParser:
     resume.add_argument("output_dir")
     resume.add_argument("--no-progress", action="store_true")
     resume.add_argument("overrides", nargs="*", help=f"key=value, only for {', '.join(RESUME_SAFE_KEYS)}")
+    branch = sub.add_parser("branch", help="copy a run's skills into a new run directory whose later stages "
+                            "`resume` trains again with other manager settings")
+    branch.add_argument("src")
+    branch.add_argument("dst")
+    branch.add_argument("--keep-generalist", action="store_true", help="keep SRC's finished generalist: only "
+                        "the manager stage trains again")
+    branch.add_argument("overrides", nargs="*", help="manager.key=value (any key; with --keep-generalist the "
+                        "manager stage's own), eval_episodes, max_wall_s, ...")
     return p
 
 
@@ -315,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     logging.getLogger("jaxrl_hier").setLevel(logging.INFO)
     try:
-        return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "eval": cmd_eval}[args.command](args)
+        return {"run": cmd_run, "resume": cmd_resume, "status": cmd_status, "eval": cmd_eval,
+                "branch": cmd_branch}[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

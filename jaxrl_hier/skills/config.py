@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from jaxrl_hier.config import ConfigError, build_dataclass
+from jaxrl_hier.config import ConfigError, build_dataclass, load_config
+
+CONFIG_FILE = "config.yaml"  # a skills run directory's config, written by `run`
 
 GENERATORS = ("planner", "openai", "local_llm")
 # The skills that may teach the generalist (`manager.kickstart_from`).
@@ -390,3 +393,10 @@ def replace(config: SkillsConfig, **changes: Any) -> SkillsConfig:
     out = dataclasses.replace(config, **changes)
     out.validate()
     return out
+
+
+def saved_config(out: Path, overrides: list[str] | None = None) -> SkillsConfig:
+    """The config a skills run directory was started with (its config.yaml), `overrides` applied."""
+    if not (out / CONFIG_FILE).is_file():
+        raise ConfigError(f"{out / CONFIG_FILE} is missing; it is written by `run`. Is {out} a skills run directory?")
+    return load_config(SkillsConfig, out / CONFIG_FILE, overrides or [])

@@ -1,14 +1,18 @@
 """The learned manager (skills.manager): option semantics on a hand-made TechTree world, the
 semi-MDP return over an option, a tiny manager stage that learns to prefer the rewarding skill,
 and the scheduler's manager stage after the skills, through a kill in each of its windows, with
-`skills eval` playing the managed agent. Bad manager configs exit 2 before anything compiles."""
+`skills eval` playing the managed agent; a branch of a run trains its stages again to the same
+numbers. Bad manager configs and branches exit 2 before anything compiles or is written."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import socket
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -20,16 +24,18 @@ from fake_skills_trainer import Crash, ExpertTrainer, RecordingPlanner, config
 from jaxrl_hier.algorithms.gae import gae
 from jaxrl_hier.config import save_config
 from jaxrl_hier.logging.metrics import read_jsonl
+from jaxrl_hier.skills import branch as branch_module
 from jaxrl_hier.skills import state as state_module
 from jaxrl_hier.skills.cli import main as skills_main
 from jaxrl_hier.skills.cli import status_table
 from jaxrl_hier.skills.composed import evaluate_run, read_report, summarize
+from jaxrl_hier.skills.config import CONFIG_FILE, saved_config
 from jaxrl_hier.skills.library import techtree_library
 from jaxrl_hier.skills.manager import (GENERALIST_DIR, MANAGER_DIR, ManagedAgent, ManagerEnv, ManagerParams,
                                        ManagerTrainer, build_options, load_manager, option_bank_names)
 from jaxrl_hier.skills.scheduler import Scheduler
 from jaxrl_hier.skills.spec import Condition, Skill, SkillError, SkillLibrary
-from jaxrl_hier.skills.state import load_state
+from jaxrl_hier.skills.state import LOCK_FILE, load_state
 from jaxrl_hier.skills.trainer import skill_env_and_policy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -697,6 +703,92 @@ def test_a_kill_between_the_generalist_and_the_manager_then_resume_gives_the_uni
     assert state.generalist == ref_state.generalist and state.manager == ref_state.manager
     for a, b in zip(jax.tree.leaves(manager_params(tmp_path, cfg)), jax.tree.leaves(manager_params(ref_out, cfg))):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------- branches
+def source_run(reference, tmp_path) -> Path:
+    """A copy of a finished run with the config.yaml `run` would have written (the fixtures ran the
+    scheduler directly)."""
+    out, _, cfg = reference
+    src = tmp_path / "src"
+    shutil.copytree(out, src)
+    save_config(cfg, src / CONFIG_FILE)
+    return src
+
+
+def test_a_branch_trains_the_dropped_stages_again_to_the_sources_numbers(generalist_reference, tmp_path, capsys):
+    ref_out, ref_state, cfg = generalist_reference
+    src = source_run(generalist_reference, tmp_path)
+    assert skills_main(["branch", str(src), str(tmp_path / "both")]) == 0
+    assert "resume " + str(tmp_path / "both") in capsys.readouterr().out
+    assert skills_main(["branch", str(src), str(tmp_path / "kept"), "--keep-generalist", "manager.skill_prior=0.25"]) == 0
+    both, kept = load_state(tmp_path / "both"), load_state(tmp_path / "kept")
+    assert both.manager == {} and both.generalist == {} and both.skills == ref_state.skills
+    assert not (tmp_path / "both" / MANAGER_DIR).exists() and not (tmp_path / "both" / GENERALIST_DIR).exists()
+    assert kept.manager == {} and kept.generalist == ref_state.generalist and (tmp_path / "kept" / GENERALIST_DIR).is_dir()
+    assert saved_config(tmp_path / "kept").manager.skill_prior == 0.25
+    assert saved_config(src) == cfg and load_state(src).manager == ref_state.manager  # the source as it was
+    assert not (src / LOCK_FILE).exists()  # its lock, held for the copy, released
+
+    state, _ = run_managed(tmp_path / "both", resume=True, manager=GENERALIST)
+    assert state.generalist == ref_state.generalist and state.manager == ref_state.manager
+    for a, b in zip(jax.tree.leaves(manager_params(tmp_path / "both", cfg)), jax.tree.leaves(manager_params(ref_out, cfg))):
+        np.testing.assert_array_equal(a, b)  # the same skills and seeds: the same numbers
+    state, prior_cfg = run_managed(tmp_path / "kept", resume=True, manager={**GENERALIST, "skill_prior": 0.25})
+    assert state.manager["status"] == "done"
+    assert read_jsonl(tmp_path / "kept" / GENERALIST_DIR / "metrics.jsonl") == read_jsonl(ref_out / GENERALIST_DIR /
+                                                                                           "metrics.jsonl")
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(manager_params(tmp_path / "kept", prior_cfg)),
+                                                         jax.tree.leaves(manager_params(ref_out, cfg))))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["seed=3"], "'seed' cannot be changed by a branch"),
+    (["manager.bogus=1"], "'manager.bogus' cannot be changed by a branch"),
+    (["--keep-generalist", "manager.features=[collect_wood]"], "only the manager stage's own keys"),
+    (["manager.skill_prior=2"], "skill_prior"),
+    (["manager.kickstart=0.5"], "'kickstart' needs 'generalist_timesteps'"),
+])
+def test_a_bad_branch_exits_2_with_one_line_and_writes_nothing(reference, tmp_path, capsys, args, message):
+    src = source_run(reference, tmp_path)  # a manager without a generalist stage
+    assert skills_main(["branch", str(src), str(tmp_path / "dst"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+    assert not (tmp_path / "dst").exists()
+
+
+def test_a_branch_is_refused_for_a_missing_generalist_a_used_destination_or_a_live_source(reference, tmp_path,
+                                                                                        capsys):
+    src = source_run(reference, tmp_path)
+    cases = [(["--keep-generalist"], "has no finished generalist stage"), ([], "already exists and is not empty")]
+    (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "notes.txt").write_text("mine")
+    for args, message in cases:
+        assert skills_main(["branch", str(src), str(tmp_path / "dst"), *args]) == 2
+        assert message in capsys.readouterr().err
+    (src / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "heartbeat": time.time()}))
+    assert skills_main(["branch", str(src), str(tmp_path / "other")]) == 2
+    assert "is in use by pid" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    assert os.listdir(tmp_path / "dst") == ["notes.txt"]
+    assert skills_main(["branch", str(tmp_path / "nothing"), str(tmp_path / "other")]) == 2
+    assert "config.yaml is missing" in capsys.readouterr().err
+
+
+def test_a_kill_while_branching_leaves_no_destination_and_the_source_free(reference, tmp_path, monkeypatch):
+    src = source_run(reference, tmp_path)
+    _, _, cfg = reference
+
+    def killed(*args, **kwargs):
+        raise Crash("branch.copied")
+
+    monkeypatch.setattr(branch_module, "save_config", killed)  # after the copy, before the rename
+    with pytest.raises(Crash):
+        branch_module.branch_run(src, tmp_path / "dst", cfg)
+    assert sorted(os.listdir(tmp_path)) == ["src"]  # no destination, no temporary directory left
+    assert not (src / LOCK_FILE).exists()
+    monkeypatch.undo()
+    branch_module.branch_run(src, tmp_path / "dst", cfg)
+    assert load_state(tmp_path / "dst").manager == {}
 
 
 def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(generalist_reference, reference,
