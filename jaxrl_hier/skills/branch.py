@@ -46,14 +46,20 @@ def branch_config(src: Path, overrides: Sequence[str], keep_generalist: bool = F
     state = load_state(src)  # missing or corrupt: refused with its recovery hint
     manager_keys = MANAGER_STAGE_KEYS if keep_generalist else tuple(f.name for f in dataclasses.fields(ManagerConfig))
     allowed = (*RUN_KEYS, *(f"manager.{k}" for k in manager_keys))
+    fields = ({f.name for f in dataclasses.fields(SkillsConfig)}
+              | {f"manager.{f.name}" for f in dataclasses.fields(ManagerConfig)})
     for key in parse_overrides(list(overrides)):
-        if key not in allowed:
-            why = (" With --keep-generalist only the manager stage's own keys may change; drop the flag to "
-                   "train the generalist again too." if keep_generalist and key.startswith("manager.") else
-                   " A branch keeps the skills, so their settings stay; for other changes start a new run "
-                   "with `run --output-dir NEW_DIR`.")
-            raise ConfigError(f"'{key}' cannot be changed by a branch.{closest(key, allowed)}{why} A branch "
-                              f"accepts: {', '.join(allowed)}.")
+        if key in allowed:
+            continue
+        if key not in fields and not key.startswith("ppo."):
+            why = f"unknown config key '{key}'.{closest(key, allowed)}"
+        elif keep_generalist and key.startswith("manager."):
+            why = (f"'{key}' cannot be changed by a branch that keeps the generalist: only the manager "
+                   "stage's own keys may change; drop --keep-generalist to train the generalist again too.")
+        else:
+            why = (f"'{key}' cannot be changed by a branch: it keeps the skills, so their settings stay; for "
+                   "other changes start a new run with `run --output-dir NEW_DIR`.")
+        raise ConfigError(f"{why} A branch accepts: {', '.join(allowed)}.")
     if keep_generalist and state.generalist.get("status") != "done":
         raise ConfigError(f"--keep-generalist: {src} has no finished generalist stage "
                           f"({state.generalist.get('status') or 'none'}); drop the flag to train one in the branch.")

@@ -744,7 +744,7 @@ def test_a_branch_trains_the_dropped_stages_again_to_the_sources_numbers(general
 
 @pytest.mark.parametrize("args, message", [
     (["seed=3"], "'seed' cannot be changed by a branch"),
-    (["manager.bogus=1"], "'manager.bogus' cannot be changed by a branch"),
+    (["manager.kickstrt=1"], "unknown config key 'manager.kickstrt'. Did you mean 'manager.kickstart'?"),
     (["--keep-generalist", "manager.features=[collect_wood]"], "only the manager stage's own keys"),
     (["manager.skill_prior=2"], "skill_prior"),
     (["manager.kickstart=0.5"], "'kickstart' needs 'generalist_timesteps'"),
