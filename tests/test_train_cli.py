@@ -220,7 +220,6 @@ def test_atomic_writer_replaces_whole_files_only(tmp_path):
     assert target.stat().st_mode & 0o777 == 0o644
 
 
-
 def test_atomic_directory_appears_whole_or_not_at_all(tmp_path):
     from jaxrl_hier.io import atomic_directory
 
@@ -241,6 +240,7 @@ def test_atomic_directory_appears_whole_or_not_at_all(tmp_path):
             (tmp / "b.txt").write_text("other")
     assert sorted(p.name for p in target.rglob("*")) == ["a.txt", "sub"]
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
+
 
 def test_episode_gif_frames_are_scaled_and_captioned():
     import numpy as np

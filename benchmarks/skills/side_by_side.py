@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
+
+from jaxrl_hier.bench import fmt_mean_se, mean_se
 
 MODES = ("sampled", "greedy")
 
@@ -35,11 +36,6 @@ def load_seeds(spec: str) -> list[dict]:
     return [data]
 
 
-def mean_se(values: list[float]) -> tuple[float, float]:
-    mean = statistics.mean(values)
-    return mean, (statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else 0.0)
-
-
 def table(agents: list[tuple[str, list[dict]]], achievements: list[str] | None = None) -> str:
     if achievements is None:  # every achievement some agent reached, in the reports' own order
         names = list(agents[0][1][0]["sampled"]["achievements"])
@@ -56,7 +52,8 @@ def table(agents: list[tuple[str, list[dict]]], achievements: list[str] | None =
     cells = []
     for _, seeds in agents:
         (s, s_se), (g, g_se) = (mean_se([seed[m]["score_percent_of_max"] for seed in seeds]) for m in MODES)
-        cells.append(f"**{s:.1f}** ± {s_se:.1f} ({g:.1f} ± {g_se:.1f})" if len(seeds) > 1 else f"**{s:.1f}** ({g:.1f})")
+        spread = "" if s_se is None else f" ± {s_se:.1f}"  # one seed: no spread
+        cells.append(f"**{s:.1f}**{spread} ({fmt_mean_se(g, g_se, pct=False)})")
     lines.append("| score, % of max | " + " | ".join(cells) + " |")
     lines.append("| seeds | " + " | ".join(str(len(seeds)) for _, seeds in agents) + " |")
     return "\n".join(lines) + "\n"

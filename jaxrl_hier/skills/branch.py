@@ -44,10 +44,10 @@ def branch_config(src: Path, overrides: Sequence[str], keep_generalist: bool = F
     generalist that SRC has not finished."""
     saved_config(src)  # a directory without config.yaml is refused with what it should hold
     state = load_state(src)  # missing or corrupt: refused with its recovery hint
-    manager_keys = MANAGER_STAGE_KEYS if keep_generalist else tuple(f.name for f in dataclasses.fields(ManagerConfig))
+    every_manager_key = tuple(f.name for f in dataclasses.fields(ManagerConfig))
+    manager_keys = MANAGER_STAGE_KEYS if keep_generalist else every_manager_key
     allowed = (*RUN_KEYS, *(f"manager.{k}" for k in manager_keys))
-    fields = ({f.name for f in dataclasses.fields(SkillsConfig)}
-              | {f"manager.{f.name}" for f in dataclasses.fields(ManagerConfig)})
+    fields = {f.name for f in dataclasses.fields(SkillsConfig)} | {f"manager.{k}" for k in every_manager_key}
     for key in parse_overrides(list(overrides)):
         if key in allowed:
             continue
