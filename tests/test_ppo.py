@@ -281,6 +281,40 @@ def test_action_mask_flows_through_rollout_and_training():
     assert np.isfinite(np.asarray(metrics["loss"])).all() and np.isfinite(np.asarray(metrics["entropy"])).all()
 
 
+class TaggedPolicy(distrax.Categorical):
+    """A distribution whose per-row penalty is `tag`, an input only the network's `loss_inputs` adds."""
+
+    def __init__(self, logits, tag):
+        super().__init__(logits=logits)
+        self.tag = tag
+
+    def log_prob_and_penalty(self, action):
+        return self.log_prob(action), self.tag
+
+
+class LossInputsNet(nn.Module):
+    """A trainable policy and value whose loss reads `tag`: a frozen variable (2.5) that `loss_inputs`
+    writes into each stored observation, as a teacher's logits are."""
+
+    @nn.compact
+    def __call__(self, obs):
+        self.variable("frozen", "tag", lambda: jnp.float32(2.5))
+        return TaggedPolicy(nn.Dense(3)(obs["obs"]), obs.get("tag")), nn.Dense(1)(obs["obs"])[:, 0]
+
+    def loss_inputs(self, extra, obs):
+        return {**obs, "tag": jnp.full(obs["obs"].shape[:1], extra["frozen"]["tag"])}
+
+
+def test_a_networks_loss_inputs_are_computed_once_per_rollout_and_read_by_the_loss():
+    # The rollout's own steps see no tag (the policy there is never priced); every minibatch of the
+    # loss does, so the logged penalty is the frozen 2.5 at every update.
+    config = PPOConfig(env="masked-bandit", num_envs=3, num_steps=8, num_minibatches=4, update_epochs=2,
+                       reset_mode="auto", total_timesteps=3 * 8 * 2)
+    runner, metrics = make_train(config, env=MaskedBandit(), network=LossInputsNet())(jax.random.PRNGKey(0))
+    np.testing.assert_allclose(metrics["penalty"][:, 0], [2.5, 2.5])
+    assert set(runner.obs) == {"obs", "action_mask"}  # the runner's observations stay the env's
+
+
 def test_anneal_start_holds_the_rate_then_decays_to_zero_at_the_last_update():
     # 10 updates of 2 epochs x 2 minibatches: 40 optimizer steps, the decay from update 7 (step 28)
     config = PPOConfig(env="gymnax:CartPole-v1", num_envs=4, num_steps=8, update_epochs=2, num_minibatches=2,

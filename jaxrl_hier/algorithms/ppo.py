@@ -281,6 +281,21 @@ class PPO:
         prepare = getattr(self.network, "acting_variables", None)
         return prepare(extra) if prepare is not None else extra
 
+    def _with_loss_inputs(self, extra: dict, traj: Transition) -> Transition:
+        """`traj` whose observations also hold what the loss reads from frozen variables: a network
+        with a `loss_inputs(variables, obs) -> obs` method (a teacher's logits, say) computes it once
+        per rollout, on the whole [T, n] batch, rather than once per epoch and minibatch in the loss.
+        Feed-forward networks only: a recurrent one would need its hidden states."""
+        loss_inputs = getattr(self.network, "loss_inputs", None)
+        if loss_inputs is None or self.recurrent:
+            return traj
+        lead = traj.action.shape[:2]
+        flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), traj.obs)
+        obs = loss_inputs(extra, flat)
+        if obs is flat:  # nothing added: the program stays as it was without the hook
+            return traj
+        return traj._replace(obs=jax.tree.map(lambda x: x.reshape(*lead, *x.shape[1:]), obs))
+
     def _rollout(self, runner: RunnerState, shard_index: jax.Array):
         """num_steps env steps of one env shard: trajectory [T, n, ...] and the new runner pieces."""
         c = self.config
@@ -313,6 +328,7 @@ class PPO:
         key = jax.random.fold_in(runner.key, shard_index)
         carry = (runner.env_state, runner.obs, runner.hidden, key)
         (env_state, obs, hidden, _), (traj, ep) = jax.lax.scan(step, carry, None, c.num_steps)
+        traj = self._with_loss_inputs(extra, traj)
         last_value = self._value(params, extra, hidden, obs)
         adv, targets = gae(traj.reward, traj.value, traj.terminated, traj.truncated, traj.final_value, last_value,
                            c.gamma, c.gae_lambda)

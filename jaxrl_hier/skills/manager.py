@@ -363,15 +363,16 @@ class KickstartPolicy(OptionPolicy):
     expert its chain routes to (`teacher_rows`, as the composed agent would act) to the generalist's
     policy over base actions (`manager.kickstart`)."""
 
-    def __init__(self, logits: jax.Array, rows: jax.Array, teacher_rows: jax.Array, open_: jax.Array,
-                 teacher_logits: Callable, weight: jax.Array, num_actions: int, num_skills: int):
+    def __init__(self, logits: jax.Array, rows: jax.Array, open_: jax.Array, teacher_logits: Callable[[], jax.Array],
+                 weight: jax.Array, num_actions: int, num_skills: int):
+        # teacher_logits: () -> [N, A], run only where the KL is priced (the loss, not the rollout)
         super().__init__(logits, rows, None, num_actions, num_skills)
-        self.teacher_rows, self.open, self.teacher_logits, self.weight = teacher_rows, open_, teacher_logits, weight
+        self.open, self.teacher_logits, self.weight = open_, teacher_logits, weight
 
     def kl(self) -> jax.Array:
         """[N]: the teacher's KL to the generalist's base-action policy where its skill is to do, else 0."""
         student = jax.nn.log_softmax(self.logits[:, self.num_skills:], axis=-1)
-        teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits(self.teacher_rows, self.open)), axis=-1)
+        teacher = jax.nn.log_softmax(jax.lax.stop_gradient(self.teacher_logits()), axis=-1)
         return masked_kl(self.open, teacher, student)
 
     def log_prob_and_penalty(self, action: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -411,6 +412,20 @@ class ManagerPolicy:
         extra = [obs["choices"], obs["running"][:, None]] + ([obs["features"]] if "features" in obs else [])
         return x, jnp.concatenate([x, *(e.astype(x.dtype) for e in extra)], axis=-1)
 
+    def loss_inputs(self, extra: dict, obs: dict) -> dict:
+        """`obs` with the teacher's logits (`teacher_logits`, [N, A]) where the generalist has a teacher,
+        else as it is. PPO calls this once per rollout (`PPO._with_loss_inputs`): the teacher is frozen,
+        so its logits serve every epoch, where the loss would run its expert on every minibatch."""
+        if not (self.closed and self.teacher):
+            return obs
+        expert = self._experts(extra["experts"]["actor"], self._inputs(obs)[0])
+        return {**obs, "teacher_logits": expert(obs["teacher_row"], obs["teacher_pending"])}
+
+    def _experts(self, bank: Any, x: jax.Array) -> Callable[[jax.Array, jax.Array], jax.Array]:
+        """(rows, active) -> logits [N, A]: row i through bank row rows[i] where active[i], else 0."""
+        return partial(mixture_apply_active, bank, x, act=ACTIVATIONS[self.activation], mix=mixture_for(self.dispatch),
+                       sync_axes=self.sync_axes)
+
     def init(self, key: jax.Array, obs: dict) -> dict:
         din = int(jax.eval_shape(self._inputs, obs)[1].shape[-1])
         k_actor, k_critic = jax.random.split(key)
@@ -430,12 +445,15 @@ class ManagerPolicy:
         logits = jnp.where(obs["action_mask"], mlp_apply(params["actor"], features, act), MASKED)
         value = mlp_apply(params["critic"], features, act)[:, 0]
         # the experts run only when an action is sampled or priced, on the rows whose choice is a skill
-        def experts(bank: Any) -> Callable[[jax.Array, jax.Array], jax.Array]:  # (rows, active) -> logits
-            return partial(mixture_apply_active, bank, x, act=act, mix=mixture_for(self.dispatch),
-                           sync_axes=self.sync_axes)
+        experts = partial(self._experts, x=x)
 
-        if self.closed and self.teacher:  # no expert acts; the teacher's runs in the loss
-            return KickstartPolicy(logits, obs["rows"], obs["teacher_row"], obs["teacher_pending"], experts(frozen),
+        if self.closed and self.teacher:  # no expert acts; the teacher's logits are the loss's (`loss_inputs`)
+            def teacher_logits() -> jax.Array:
+                if "teacher_logits" in obs:
+                    return obs["teacher_logits"]
+                return experts(frozen)(obs["teacher_row"], obs["teacher_pending"])
+
+            return KickstartPolicy(logits, obs["rows"], obs["teacher_pending"], teacher_logits,
                                    variables["kickstart"]["weight"], self.num_actions, self.num_skills), value
         if self.closed:  # no expert ever runs
             return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value

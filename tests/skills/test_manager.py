@@ -466,6 +466,15 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     kl = (jnp.exp(teacher) * (teacher - student[0])).sum()
     np.testing.assert_allclose(penalty, [0.5 * kl, 0.0], rtol=1e-5)
     np.testing.assert_allclose(log_prob, pi.manager.log_prob(action // len(acts)), rtol=1e-6)
+    # the rollout stores the teacher's logits with each step (`loss_inputs`), and the loss reads those
+    stored = trainer.policy.loss_inputs(extra, obs)
+    np.testing.assert_allclose(stored["teacher_logits"][0], teacher_logits, rtol=1e-6)
+    pi, _ = trainer.ppo.apply(params, extra, stored)
+    np.testing.assert_allclose(pi.log_prob_and_penalty(action)[1], [0.5 * kl, 0.0], rtol=1e-5)
+    pi, _ = trainer.ppo.apply(params, extra, {**stored, "teacher_logits": jnp.zeros_like(stored["teacher_logits"])})
+    uniform = jnp.full(len(acts), -np.log(len(acts)))
+    np.testing.assert_allclose(pi.log_prob_and_penalty(action)[1][0],
+                               0.5 * (jnp.exp(uniform) * (uniform - student[0])).sum(), rtol=1e-5)
     # the weight the chunks train with: 0.5, 0.375, 0.25 (256 env steps, 64 a chunk), then 0.125
     weights = []
     for _ in range(3):
