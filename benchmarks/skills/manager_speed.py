@@ -1,4 +1,4 @@
-"""The manager stage's env steps/s against the generalist's, on a finished skills run.
+"""The manager stage's env steps/s against the generalist's and flat PPO's, on a finished skills run.
 
     python benchmarks/skills/manager_speed.py RUN --out DIR [--chunks 2]
 
@@ -8,8 +8,10 @@ built from RUN as the scheduler builds them (its config, its completed skills wi
 experts, the manager's skills) and start from RUN's trained parameters (`RUN/manager`,
 `RUN/generalist`), so that the manager chooses its skills as often as it did at the end of training.
 Each stage compiles its chunk program (`updates_per_round` PPO updates) on a first call, then
-`--chunks` more chunks are timed. A run without a generalist stage (TechTree's) times the manager
-alone. Writes DIR/manager_speed.json and DIR/manager_speed.md.
+`--chunks` more chunks are timed. Flat PPO on the base env with the run's `ppo` section runs as many
+chunks in the same process (`skills_speed.flat_round`), the yardstick of both stages. A run without a
+generalist stage (TechTree's) times its manager alone against flat PPO. Writes DIR/manager_speed.json
+and DIR/manager_speed.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 import jaxrl_hier  # noqa: E402,F401  (sets XLA flags before JAX starts)
 import jax  # noqa: E402
 
-from benchmarks.skills.skills_speed import time_rounds  # noqa: E402
+from benchmarks.skills.skills_speed import flat_round, time_rounds  # noqa: E402
 
 from jaxrl_hier.bench import device_info  # noqa: E402
 from jaxrl_hier.config import ConfigError  # noqa: E402
@@ -44,25 +46,30 @@ def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int) ->
     def one() -> None:  # `train` returns the chunk's metrics on the host: the chunk has finished
         state["runner"] = trainer.train(state["runner"])[0]
 
-    t = time_rounds(one, chunks, trainer.steps_per_chunk)
+    return as_stage(time_rounds(one, chunks, trainer.steps_per_chunk))
+
+
+def as_stage(t: dict) -> dict:
+    """`time_rounds`' figures under the stage's names."""
     return {"first_chunk_s": t["first_round_s"], "chunk_s": t["round_s"], "steps": t["steps"],
             "steps_per_s": t["steps_per_s"]}
 
 
 def markdown(result: dict) -> str:
-    info, gen = result["device"], result.get("generalist")
+    info, gen, flat = result["device"], result.get("generalist"), result["flat_ppo"]
     rows = [(stage, result[stage]) for stage in ("generalist", "manager") if stage in result]
+    rows.append(("flat PPO", flat))
 
-    def ratio(r: dict) -> str:  # against the generalist, where the run has one
-        return f"{r['steps_per_s'] / gen['steps_per_s']:.2f}" if gen else ""
+    def ratio(r: dict, of: dict | None) -> str:
+        return f"{r['steps_per_s'] / of['steps_per_s']:.2f}" if of else ""
 
     return "\n".join([
         f"# Manager against generalist: {result['env']}", "",
         f"{info.get('cpu_model') or info['device']}, jax {info['jax']}; run `{result['run']}`, manager over "
         f"{', '.join(result['skills'])}.", "",
-        "| stage | env steps/s | x generalist | chunk s | first chunk s |", "|---|---:|---:|---:|---:|",
-        *(f"| {stage} | {r['steps_per_s']:,.0f} | {ratio(r)} | {r['chunk_s']:.3f} | {r['first_chunk_s']:.1f} |"
-          for stage, r in rows), ""])
+        "| stage | env steps/s | x generalist | x flat PPO | chunk s | first chunk s |", "|---|---:|---:|---:|---:|---:|",
+        *(f"| {stage} | {r['steps_per_s']:,.0f} | {ratio(r, gen)} | {ratio(r, flat)} | {r['chunk_s']:.3f} | "
+          f"{r['first_chunk_s']:.1f} |" for stage, r in rows), ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         result[stage] = time_stage(trainer, params, args.chunks, config.seed)
         print(f"{stage}: {result[stage]['steps_per_s']:,.0f} env steps/s "
               f"(first chunk {result[stage]['first_chunk_s']:.1f} s)", flush=True)
+    result["flat_ppo"] = as_stage(flat_round(config, args.chunks)[0])
+    print(f"flat PPO: {result['flat_ppo']['steps_per_s']:,.0f} env steps/s "
+          f"(first chunk {result['flat_ppo']['first_chunk_s']:.1f} s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out / "manager_speed.json", result)
     atomic_write_text(args.out / "manager_speed.md", markdown(result))

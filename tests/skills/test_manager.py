@@ -811,8 +811,9 @@ def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(ge
     assert manager_speed.main([str(run), "--out", str(tmp_path / "speed"), "--chunks", "1"]) == 0
     result = json.loads((tmp_path / "speed" / "manager_speed.json").read_text())
     assert result["skills"] == state.manager["skills"]
-    assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0 for s in ("generalist", "manager"))
+    assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0 for s in ("generalist", "manager", "flat_ppo"))
     assert "| manager |" in (tmp_path / "speed" / "manager_speed.md").read_text()
+    assert "| flat PPO |" in (tmp_path / "speed" / "manager_speed.md").read_text()
     # A run without a generalist stage (TechTree's config) times its manager alone.
     alone = tmp_path / "alone"
     shutil.copytree(reference[0], alone)
