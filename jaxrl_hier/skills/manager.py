@@ -360,7 +360,7 @@ class TunedOptionPolicy(OptionPolicy):
 class KickstartPolicy(OptionPolicy):
     """The generalist's distribution (skills closed) with a teacher: `log_prob_and_penalty` adds, on
     each step where the teacher's skill does not hold yet (`open_`), `weight` times the KL from the
-    expert its chain routes to (`teacher_rows`, as the composed agent would act) to the generalist's
+    expert its chain routes to (`teacher_logits`, as the composed agent would act) to the generalist's
     policy over base actions (`manager.kickstart`)."""
 
     def __init__(self, logits: jax.Array, rows: jax.Array, open_: jax.Array, teacher_logits: Callable[[], jax.Array],
