@@ -78,7 +78,12 @@ def check_config(config: SkillsConfig):
 
     catalog = build_catalog(config)
     env, _ = config.make_env()
-    catalog.check_quantities(quantities_for(env, catalog))
+    quantities = quantities_for(env, catalog)
+    catalog.check_quantities(quantities)
+    for cond in config.manager.teach_conditions:
+        if cond.quantity not in quantities:
+            raise ConfigError(f"'manager.kickstart_when' reads '{cond.quantity}', which {env.name} does not have."
+                              f"{closest(cond.quantity, list(quantities))} Its quantities: {', '.join(quantities)}.")
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
     for what, names in (("manager.skills", config.manager.named_skills), ("manager.features", config.manager.named_features),

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_hier.config import ConfigError, build_dataclass, load_config
+from jaxrl_hier.skills.spec import Condition
 
 CONFIG_FILE = "config.yaml"  # a skills run directory's config, written by `run`
 
@@ -94,6 +95,11 @@ class ManagerConfig:
     # scheduler keeps, as chain fine-tuning starts from it. The teacher is then the deepest skill
     # towards the target whose chain has experts, whether or not it is an option.
     kickstart_from: str = "completed"
+    # Where the teacher teaches, besides its target still to do: conditions on the env's named
+    # quantities (as skills write theirs, e.g. "drink >= 3"), all of which must hold. The chain's
+    # experts never eat, drink or sleep, so where a need runs low the generalist learns from the base
+    # reward alone. (): wherever the target is still to do.
+    kickstart_when: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.timesteps < 0:
@@ -133,6 +139,10 @@ class ManagerConfig:
         if self.kickstart_from != "completed" and not self.kickstart:
             raise ConfigError(f"'kickstart_from: {self.kickstart_from}' picks the teacher, but 'kickstart' is 0 (no "
                               "teacher): set kickstart > 0 or drop kickstart_from.")
+        if self.kickstart_when and not self.kickstart:
+            raise ConfigError("'kickstart_when' says where the teacher teaches, but 'kickstart' is 0 (no teacher): "
+                              "set kickstart > 0 or drop kickstart_when.")
+        self.teach_conditions  # each parses, or one clear error
         if not 0 <= self.kickstart_timesteps <= self.generalist_timesteps:
             raise ConfigError(f"'kickstart_timesteps' must lie in [0, generalist_timesteps] (0: the whole generalist "
                               f"stage), got {self.kickstart_timesteps} with generalist_timesteps "
@@ -148,6 +158,14 @@ class ManagerConfig:
             raise ConfigError(f"'expert_kl' must be >= 0 (0: no penalty), got {self.expert_kl}.")
         if self.tune_experts and self.greedy_experts:
             raise ConfigError("'tune_experts' trains the experts' sampled actions: set 'greedy_experts: false'.")
+
+    @property
+    def teach_conditions(self) -> tuple[Condition, ...]:
+        """`kickstart_when`, parsed."""
+        try:
+            return tuple(Condition.parse(c) for c in self.kickstart_when)
+        except ConfigError as err:
+            raise ConfigError(f"'kickstart_when': {err}") from None
 
     @property
     def named_skills(self) -> tuple[str, ...]:
@@ -270,6 +288,9 @@ class SkillsConfig:
                      "max_conditions", "min_episodes"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
+        if len(self.manager.kickstart_when) > self.max_conditions:
+            raise ConfigError(f"'manager.kickstart_when' has {len(self.manager.kickstart_when)} conditions but "
+                              f"max_conditions is {self.max_conditions}: raise max_conditions or give fewer.")
         for name, steps in self.skill_budgets.items():
             if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
                 raise ConfigError(f"'skill_budgets.{name}' must be a positive integer (env steps per attempt), got "

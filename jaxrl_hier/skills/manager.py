@@ -80,7 +80,7 @@ from jaxrl_hier.skills.composition import EpisodeStats, choose_target, play_epis
 from jaxrl_hier.skills.env import Conditions, capture_anchor, conditions_hold, route
 from jaxrl_hier.skills.moe import init_mlp, mixture_apply_active, mixture_for, mlp_apply, stack_experts
 from jaxrl_hier.skills.ppo_stage import PPOStage
-from jaxrl_hier.skills.spec import SkillError, SkillLibrary
+from jaxrl_hier.skills.spec import Condition, Skill, SkillError, SkillLibrary
 from jaxrl_hier.skills.trainer import load_expert, save_expert
 
 MANAGER_DIR = "manager"
@@ -107,6 +107,7 @@ class ManagerParams:
     features: Conditions | None = None  # [F, C]: success conditions the network reads (`features`), if any
     anchor: Conditions | None = None  # [C]: the success conditions whose first state restarts keep, if any
     teacher: Options | None = None  # one row: the generalist's teacher (`manager.kickstart`), if any
+    teach_when: Conditions | None = None  # [C]: where else the teacher teaches (`manager.kickstart_when`), if any
 
 
 @struct.dataclass
@@ -211,9 +212,12 @@ class ManagerEnv(Environment):
         obs = {"obs": base_obs, "action_mask": allowed, "choices": mask, "rows": rows, "running": running}
         if params.features is not None:  # the skills still to do, as inputs
             obs["features"] = ~each_holds(q, params.features)
-        if params.teacher is not None:  # the teacher's expert now, and whether its skill is still to do
+        if params.teacher is not None:  # the teacher's expert now, and whether it teaches here
             obs["teacher_row"] = acting_rows(q, params.teacher)[0]
-            obs["teacher_pending"] = ~option_holds(q, params.teacher)[0]
+            teaching = ~option_holds(q, params.teacher)[0]  # its skill is still to do
+            if params.teach_when is not None:
+                teaching &= conditions_hold(q, params.teach_when)
+            obs["teaching"] = teaching
         return obs
 
     def reset(self, key: jax.Array, params: ManagerParams):
@@ -359,7 +363,8 @@ class TunedOptionPolicy(OptionPolicy):
 
 class KickstartPolicy(OptionPolicy):
     """The generalist's distribution (skills closed) with a teacher: `log_prob_and_penalty` adds, on
-    each step where the teacher's skill does not hold yet (`open_`), `weight` times the KL from the
+    each step where the teacher teaches (`open_`: its skill does not hold yet, and `kickstart_when`
+    does), `weight` times the KL from the
     expert its chain routes to (`teacher_logits`, as the composed agent would act) to the generalist's
     policy over base actions (`manager.kickstart`)."""
 
@@ -419,7 +424,7 @@ class ManagerPolicy:
         if not (self.closed and self.teacher):
             return obs
         expert = self._experts(extra["experts"]["actor"], self._inputs(obs)[0])
-        return {**obs, "teacher_logits": expert(obs["teacher_row"], obs["teacher_pending"])}
+        return {**obs, "teacher_logits": expert(obs["teacher_row"], obs["teaching"])}
 
     def _experts(self, bank: Any, x: jax.Array) -> Callable[[jax.Array, jax.Array], jax.Array]:
         """(rows, active) -> logits [N, A]: row i through bank row rows[i] where active[i], else 0."""
@@ -451,9 +456,9 @@ class ManagerPolicy:
             def teacher_logits() -> jax.Array:
                 if "teacher_logits" in obs:
                     return obs["teacher_logits"]
-                return experts(frozen)(obs["teacher_row"], obs["teacher_pending"])
+                return experts(frozen)(obs["teacher_row"], obs["teaching"])
 
-            return KickstartPolicy(logits, obs["rows"], obs["teacher_pending"], teacher_logits,
+            return KickstartPolicy(logits, obs["rows"], obs["teaching"], teacher_logits,
                                    variables["kickstart"]["weight"], self.num_actions, self.num_skills), value
         if self.closed:  # no expert ever runs
             return OptionPolicy(logits, obs["rows"], None, self.num_actions, self.num_skills), value
@@ -481,6 +486,14 @@ def with_skill_prior(policy: ManagerPolicy, params: dict, extra: dict, obs: dict
     actor = list(params["actor"])
     actor[-1] = {**actor[-1], "bias": actor[-1]["bias"].at[:, :K].set(bias)}
     return {**params, "actor": actor}
+
+
+def teach_when(skill_env: Any, conditions: Sequence[Condition]) -> Conditions | None:
+    """Host [C] conditions where the teacher teaches (`manager.kickstart_when`); None for none."""
+    if not conditions:
+        return None
+    where = Skill("kickstart_when", success=tuple(conditions))
+    return jax.tree.map(lambda x: x[0], skill_env.conditions([where]))
 
 
 def kickstart_teacher(library: SkillLibrary, names: Sequence[str], experts: dict, target: str,
@@ -527,7 +540,8 @@ class ManagerTrainer(PPOStage):
         restart_from = config.manager_restart_from  # "": fresh worlds only (restart_prob 0)
         anchor = jax.tree.map(lambda x: x[0], skill_env.conditions([library[restart_from]])) if restart_from else None
         params = ManagerParams(base_params, options, np.int32(config.manager.option_steps),
-                               build_features(skill_env, library, self.features), anchor, teacher)
+                               build_features(skill_env, library, self.features), anchor, teacher,
+                               teach_when(skill_env, config.manager.teach_conditions) if teacher else None)
         tune = config.manager.tune_experts and not closed
         bank = stack_experts([experts[s]["actor"] for s in self.bank_names])
         policy = ManagerPolicy(bank, len(self.names), env.num_choices(params), num_actions, ppo.hidden_size,

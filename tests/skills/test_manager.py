@@ -455,7 +455,7 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     runner = trainer.init(jax.random.key(0))
     assert trainer.kickstart_weight(runner) == 0.5
     obs = jax.vmap(lambda k: trainer.env.reset(k, trainer.params)[0])(jax.random.split(jax.random.key(1), 2))
-    obs = {**obs, "teacher_pending": obs["teacher_pending"].at[1].set(False)}  # the second step: the target holds
+    obs = {**obs, "teaching": obs["teaching"].at[1].set(False)}  # the second step: the target holds
     params = jax.tree.map(lambda x: x[0], runner.train_state.params)
     extra = {**variables_of(runner), "kickstart": {"weight": jnp.float32(0.5)}}
     action = jnp.array([(1 + acts.index("noop")) * len(acts) + acts.index("noop")] * 2)
@@ -502,7 +502,7 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     assert taught.teacher == "place_table" and taught.bank_names == ["collect_wood", "place_table"]
     assert taught.env.num_choices(taught.params) == trainer.env.num_choices(trainer.params)  # the same outputs
     obs = jax.vmap(lambda k: taught.env.reset(k, taught.params)[0])(jax.random.split(jax.random.key(1), 2))
-    assert obs["teacher_row"].tolist() == [0, 0] and obs["teacher_pending"].all()  # no wood yet: its dependency
+    assert obs["teacher_row"].tolist() == [0, 0] and obs["teaching"].all()  # no wood yet: its dependency
     obs = {**obs, "teacher_row": jnp.array([0, 1])}  # the second: wood in hand, the table's own expert
     runner = taught.init(jax.random.key(0))
     pi, _ = taught.ppo.apply(jax.tree.map(lambda x: x[0], runner.train_state.params),
@@ -510,6 +510,31 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     student = jax.nn.log_softmax(pi.logits[:, 1:], axis=-1)
     kls = [(jnp.exp(t) * (t - s)).sum() for t, s in zip(map(jax.nn.log_softmax, (teacher_logits, kept_logits)), student)]
     np.testing.assert_allclose(pi.log_prob_and_penalty(action)[1], 0.5 * jnp.stack(kls), rtol=1e-5)
+
+
+def test_kickstart_when_silences_the_teacher_where_its_conditions_fail():
+    """`manager.kickstart_when`: the teacher teaches where its target is still to do and every one of
+    these conditions holds (here `timestep >= 1`: not in a fresh world, from its first step on)."""
+    manager = {**STAGE["manager"], "skills": ["collect_wood"], "primitives": True, "generalist_timesteps": 256,
+               "kickstart": 0.5, "kickstart_when": ["timestep >= 1"]}
+    cfg = config(**{**STAGE, "target": "collect_wood", "manager": manager})
+    lib = techtree_library()
+    skill_env, base_params, policy = skill_env_and_policy(cfg, lib)
+    obs_dim = int(np.prod(skill_env.base.observation_space(base_params).shape))
+    acts = skill_env.base.action_names
+    experts = {"collect_wood": fixed_expert(policy, obs_dim, {acts.index("do"): 3.0})}
+    trainer = ManagerTrainer(cfg, skill_env, base_params, lib, experts, ["collect_wood"], closed=True)
+    keys = jax.random.split(jax.random.key(1), 4)
+    params = jax.tree.map(jnp.asarray, trainer.params)
+    obs, state = jax.vmap(lambda k: trainer.env.reset(k, params))(keys)
+    assert not obs["teaching"].any()  # timestep 0
+    noop = jnp.full(4, (1 + acts.index("noop")) * len(acts) + acts.index("noop"))
+    obs, *_ = jax.vmap(trainer.env.step, in_axes=(0, 0, 0, None))(keys, state, noop, params)
+    assert obs["teaching"].all()  # no wood yet, and one step taken
+    untimed = ManagerTrainer(config(**{**STAGE, "target": "collect_wood", "manager": {**manager, "kickstart_when": []}}),
+                             skill_env, base_params, lib, experts, ["collect_wood"], closed=True)
+    assert untimed.params.teach_when is None
+    assert jax.vmap(lambda k: untimed.env.reset(k, untimed.params)[0])(keys)["teaching"].all()
 
 
 def test_a_failed_targets_kept_expert_teaches_the_generalist_of_a_run(tmp_path):
@@ -889,6 +914,14 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
      "'kickstart_from' must be one of completed, attempted"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, skills: [place_table]}",
      "the target 'collect_wood' is not in manager.skills"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart_when: ['timestep >= 1']}",
+     "'kickstart_when' says where the teacher teaches, but 'kickstart' is 0"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_when: ['drink => 3']}",
+     "'kickstart_when': condition 'drink => 3' is not '<quantity> <op> <number>'"),
+    ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_when: ['drink >= 3']}",
+     "'manager.kickstart_when' reads 'drink', which TechTree"),
+    ("max_conditions: 1\nmanager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, "
+     "kickstart_when: ['timestep >= 1', 'timestep <= 9']}", "'manager.kickstart_when' has 2 conditions but max_conditions is 1"),
 ])
 def test_a_bad_manager_config_exits_2_with_one_line(tmp_path, capsys, section, message):
     path = tmp_path / "bad.yaml"
