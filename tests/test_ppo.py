@@ -82,10 +82,12 @@ def test_init_from_given_params_continues_a_trained_policy(cartpole_run):
     # Judged against the from-scratch run, by margins no float rounding crosses. From scratch about
     # 165 episodes end within these 2 x 64 steps of 32 envs (returns near 20); the warm start's last
     # longer than the window or nearly so: on the CPUs tried, none to about 45 end, with mean
-    # returns of 90-110 (only episodes that end in the window count, so that figure is capped).
+    # returns of 90-110 (only episodes that end in the window count, so that figure is capped). The
+    # returns are judged only where enough episodes end: on a 2-core AMD EPYC (AVX2) a single one
+    # ended, an early fall at 25 steps, which says nothing about the mean.
     warm_episodes, scratch_episodes = float(np.sum(metrics["episodes"])), float(np.sum(scratch["episodes"]))
     assert scratch_episodes > 100 and warm_episodes < scratch_episodes / 2.5, (warm_episodes, scratch_episodes)
-    if warm_episodes:
+    if warm_episodes >= 10:
         warm_return = np.nanmean(np.asarray(metrics["episode_return"]))
         assert warm_return > 2.5 * np.nanmean(np.asarray(scratch["episode_return"])), warm_return
     with pytest.raises(ValueError, match="parameter tree"):
