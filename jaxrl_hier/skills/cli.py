@@ -25,6 +25,7 @@ from pathlib import Path
 from jaxrl_hier.config import ConfigError, closest, load_config, parse_overrides, save_config
 from jaxrl_hier.runs import is_primary, use_compilation_cache
 from jaxrl_hier.skills.config import CONFIG_FILE, SkillsConfig, saved_config
+from jaxrl_hier.skills.spec import check_conditions
 from jaxrl_hier.skills.state import PREV_FILE, STATE_FILE, SchedulerState, load_state
 
 # Keys `resume` may change: none of them changes what the running skills compute (their env,
@@ -80,10 +81,7 @@ def check_config(config: SkillsConfig):
     env, _ = config.make_env()
     quantities = quantities_for(env, catalog)
     catalog.check_quantities(quantities)
-    for cond in config.manager.teach_conditions:
-        if cond.quantity not in quantities:
-            raise ConfigError(f"'manager.kickstart_when' reads '{cond.quantity}', which {env.name} does not have."
-                              f"{closest(cond.quantity, list(quantities))} Its quantities: {', '.join(quantities)}.")
+    check_conditions("'manager.kickstart_when'", config.manager.teach_conditions, quantities)
     if config.target != "all" and config.generator == "planner" and config.target not in catalog:
         raise ConfigError(f"target '{config.target}' is not in the skill library ({', '.join(catalog.names)}).")
     for what, names in (("manager.skills", config.manager.named_skills), ("manager.features", config.manager.named_features),

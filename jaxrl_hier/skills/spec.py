@@ -200,10 +200,15 @@ class SkillLibrary:
 
 
 def check_quantities(skill: Skill, quantities: Iterable[str]) -> None:
+    check_conditions(f"skill '{skill.name}'", skill.success, quantities)
+
+
+def check_conditions(owner: str, conditions: Iterable[Condition], quantities: Iterable[str]) -> None:
+    """Every condition reads a known quantity, else one error naming `owner` (where they were written)."""
     known = set(quantities)
-    for cond in skill.success:
+    for cond in conditions:
         if cond.quantity not in known:
-            raise SkillError(f"skill '{skill.name}': unknown quantity '{cond.quantity}' in condition "
+            raise SkillError(f"{owner}: unknown quantity '{cond.quantity}' in condition "
                              f"'{cond}'.{closest(cond.quantity, sorted(known))} Known quantities: "
                              f"{', '.join(sorted(known))}.")
 

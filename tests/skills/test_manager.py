@@ -919,7 +919,7 @@ def test_skills_speed_refuses_dependencies_a_run_did_not_complete(reference, tmp
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_when: ['drink => 3']}",
      "'kickstart_when': condition 'drink => 3' is not '<quantity> <op> <number>'"),
     ("manager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, kickstart_when: ['drink >= 3']}",
-     "'manager.kickstart_when' reads 'drink', which TechTree"),
+     "'manager.kickstart_when': unknown quantity 'drink' in condition 'drink >= 3'"),
     ("max_conditions: 1\nmanager: {timesteps: 100, primitives: true, generalist_timesteps: 100, kickstart: 0.5, "
      "kickstart_when: ['timestep >= 1', 'timestep <= 9']}", "'manager.kickstart_when' has 2 conditions but max_conditions is 1"),
 ])
