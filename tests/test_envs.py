@@ -100,6 +100,24 @@ def test_pool_serves_from_slots_and_caps_per_step():
     assert all(s == min(d, 8) for s, d in zip(served, done))
 
 
+def test_pool_serves_each_world_up_to_world_uses_episodes():
+    vec = make_vec_env(Countdown(), None, 32, reset_mode="pool", reset_ratio=1, world_uses=3)
+    served: dict[int, int] = {}
+    for prev_obs, obs, term, trunc, info in run_steps(vec, 12):
+        done = term | trunc
+        assert (info["reset_slot"][done] >= 0).all()  # the pool serves every finished env: no full reset
+        assert (obs[done, 1] == 0).all()
+        new_worlds = obs[done, 0].tolist()
+        assert len(set(new_worlds)) == len(new_worlds), "one world handed to two envs on one step"
+        for world in new_worlds:
+            served[world] = served.get(world, 0) + 1
+    assert max(served.values()) == 3, "each world starts up to world_uses episodes, and some start all three"
+    # a refill generates the pool's empty slots only: about a third of the worlds one use each would take
+    assert len(served) <= sum(served.values()) / 3 + vec.pool_capacity
+    with pytest.raises(ConfigError, match="world_uses must be 1, or more with reset_mode 'pool'"):
+        make_vec_env(Countdown(), None, 32, reset_mode="optimistic", world_uses=2)
+
+
 def test_episode_statistics_by_hand():
     vec = make_vec_env(Countdown(), None, 8, reset_mode="pool", reset_ratio=2)
     history = run_steps(vec, 10)

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
         (["num_envs=0"], ["'num_envs' must be positive"]),
         (["num_steps=-4"], ["'num_steps' must be positive"]),
         (["num_envs=abc"], ["'num_envs' must be an integer"]),
+        (["world_uses=4", "reset_mode=auto"], ["'world_uses: 4' needs reset_mode 'pool' (got 'auto')"]),
         (["num_devices=64"], ["num_devices=64 but only"]),
         (["env_shards=3", "num_envs=16", "num_minibatches=4", "num_steps=8"],
          ["num_envs (16) must be divisible by the number of devices/env shards (3)"]),

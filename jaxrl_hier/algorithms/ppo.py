@@ -177,7 +177,8 @@ class PPO:
         # predicates over those axes so that they stay real branches, and a refill any seed needs
         # tops up every seed's pool (share_axes; see envs/vec.py).
         return make_vec_env(self.env, env_params, self.envs_per_shard, reset_mode=c.reset_mode,
-                            reset_ratio=c.reset_ratio, sync_axes=sync_axes, share_axes=share_axes)
+                            reset_ratio=c.reset_ratio, sync_axes=sync_axes, share_axes=share_axes,
+                            world_uses=c.world_uses)
 
     def learning_rate(self) -> float | optax.Schedule:
         """The rate, or its schedule over optimizer steps: constant for the first `anneal_start` of

@@ -45,6 +45,9 @@ class PPOConfig:
     num_seeds: int = 1
     reset_mode: str = "pool"  # see jaxrl_hier.envs.make_vec_env
     reset_ratio: int = 16
+    # Episodes each fresh world of the reset pool starts ("pool" only): above 1 for envs whose
+    # episodes end within a few steps, where generating worlds is most of a step (see envs/vec.py).
+    world_uses: int = 1
     num_devices: int = 0  # 0: every local device
     env_shards: int = 0  # 0: one env group per device
     checkpoint_every: int = 0  # updates between checkpoints; 0: only at the end
@@ -59,7 +62,7 @@ class PPOConfig:
     def validate(self) -> None:
         """Check sizes and divisibility; device counts are checked in `resolve_devices`."""
         positive = ["total_timesteps", "num_envs", "num_steps", "update_epochs", "num_minibatches",
-                    "num_seeds", "reset_ratio", "log_every", "keep_checkpoints", "hidden_size",
+                    "num_seeds", "reset_ratio", "world_uses", "log_every", "keep_checkpoints", "hidden_size",
                     "num_layers", "eval_max_steps"]
         for name in positive:
             if getattr(self, name) <= 0:
@@ -81,6 +84,9 @@ class PPOConfig:
             raise ConfigError(f"'network' must be 'auto', 'mlp', 'cnn', 'gru' or 'gps', got '{self.network}'.")
         if self.activation not in ("tanh", "relu", "gelu"):
             raise ConfigError(f"'activation' must be 'tanh', 'relu' or 'gelu', got '{self.activation}'.")
+        if self.world_uses > 1 and self.reset_mode != "pool":
+            raise ConfigError(f"'world_uses: {self.world_uses}' needs reset_mode 'pool' (got '{self.reset_mode}'): "
+                              "only the pool serves a world more than once. Set reset_mode: pool or world_uses: 1.")
         if self.matmul_dtype not in ("float32", "bfloat16"):
             raise ConfigError(f"'matmul_dtype' must be 'float32' or 'bfloat16', got '{self.matmul_dtype}'.")
         if self.matmul_dtype != "float32" and self.network not in ("auto", "mlp"):

@@ -20,11 +20,15 @@ Reset schemes (`reset_mode`):
   reset in a rarely taken branch, never a copy of a world already handed out (the bug of
   Craftax_Baselines#11 / Stoa#5). Cost: M resets every step, whatever the done rate.
 - "pool": a pool of `pool_size` fresh worlds, refilled in one batch only when it holds fewer
-  worlds than envs finished on this step. Finished envs take distinct pool slots in order, the
-  slot is marked used. Cost follows the actual done rate (amortised, one reset per finished
-  episode plus at most one batch of leftovers per refill); each world is used once, so world
-  diversity is the same as with "auto". At most `max_resets_per_step` envs (default
-  N // reset_ratio) take pool worlds in one step; more take the full-reset branch.
+  worlds than envs finished on this step. Finished envs take distinct pool slots in order, and
+  each slot counts down its uses. Cost follows the actual done rate (amortised, one reset per
+  finished episode plus at most one batch of leftovers per refill); by default each world is used
+  once, so world diversity is the same as with "auto". At most `max_resets_per_step` envs (default
+  N // reset_ratio) take pool worlds in one step; more take the full-reset branch. With
+  `world_uses` U > 1 each pool world starts up to U episodes (never two on one step), so a refill
+  comes U times less often: for envs whose episodes end within a few steps (a skill's first wood),
+  where generating worlds is most of a step's cost; the episodes a world starts differ in their
+  step keys only.
 - "none": never reset (finished envs keep stepping their final state). Only a throughput bound for
   benchmarks, not for training.
 
@@ -103,7 +107,7 @@ class VecState(struct.PyTreeNode):
     episode_length: jax.Array  # [N]
     pool_state: Any  # [K, ...] fresh worlds ("pool" and "optimistic"); K = 0 otherwise
     pool_obs: Any  # [K, ...]
-    pool_valid: jax.Array  # [K] bool: slot holds an unused world
+    pool_left: jax.Array  # int32[K]: episodes the slot's world may still start (0: empty)
 
 
 def _where(mask: jax.Array, a: Any, b: Any) -> Any:
@@ -122,6 +126,7 @@ class VecEnv:
     max_resets_per_step: int = 0  # 0: num_envs // reset_ratio (at least 1)
     sync_axes: tuple[str, ...] = ()
     share_axes: tuple[str, ...] = ()  # subset of sync_axes along which refills top every pool up
+    world_uses: int = 1  # "pool": episodes each fresh world starts
 
     # ------------------------------------------------------------------ sizes and spaces
     @property
@@ -164,11 +169,11 @@ class VecEnv:
         k = self.pool_capacity
         if k:
             pool_obs, pool_state = self._reset_many(k_pool, k)
-            valid = jnp.ones(k, bool) if self.reset_mode == "pool" else jnp.zeros(k, bool)
+            left = jnp.full(k, self.world_uses if self.reset_mode == "pool" else 0, jnp.int32)
         else:
-            pool_obs, pool_state, valid = None, None, jnp.zeros(0, bool)
+            pool_obs, pool_state, left = None, None, jnp.zeros(0, jnp.int32)
         zeros = jnp.zeros(self.num_envs, jnp.float32)
-        return obs, VecState(state, zeros, jnp.zeros(self.num_envs, jnp.int32), pool_state, pool_obs, valid)
+        return obs, VecState(state, zeros, jnp.zeros(self.num_envs, jnp.int32), pool_state, pool_obs, left)
 
     def step(self, key: jax.Array, vstate: VecState, action: jax.Array):
         k_step, k_reset = jax.random.split(key)
@@ -210,7 +215,7 @@ class VecEnv:
             # M fresh worlds every step, whatever the done rate.
             pool_obs, pool_state = self._reset_many(k_pool, self.pool_capacity)
             vstate = vstate.replace(pool_obs=pool_obs, pool_state=pool_state,
-                                    pool_valid=jnp.ones(self.pool_capacity, bool))
+                                    pool_left=jnp.ones(self.pool_capacity, jnp.int32))
         else:
             vstate = self._refill_if_short(k_pool, vstate, done.sum())
         obs, vstate, slot, served = self._take_from_pool(vstate, obs, done)
@@ -238,7 +243,7 @@ class VecEnv:
     def _refill_if_short(self, key, vstate: VecState, need: jax.Array) -> VecState:
         """Fill the empty slots of the pool with fresh worlds, only when it cannot serve `need`."""
 
-        short = vstate.pool_valid.sum() < jnp.minimum(need, self.resets_per_step)
+        short = (vstate.pool_left > 0).sum() < jnp.minimum(need, self.resets_per_step)
         # Instances that take fresh worlds: the short ones, and their peers along share_axes.
         take = self.any_over_axes(short, self.share_axes)
 
@@ -247,10 +252,10 @@ class VecEnv:
             # instances that `take` keep the fresh worlds, so results do not depend on how envs
             # are grouped (share_axes never spans env groups).
             fresh_obs, fresh_state = self._reset_many(key, self.pool_capacity)
-            keep = v.pool_valid | ~take
+            keep = (v.pool_left > 0) | ~take
             return v.replace(pool_obs=_where(keep, v.pool_obs, fresh_obs),
                              pool_state=_where(keep, v.pool_state, fresh_state),
-                             pool_valid=v.pool_valid | take)
+                             pool_left=jnp.where(keep, v.pool_left, self.world_uses))
 
         return jax.lax.cond(self.any_over_axes(short), refill, lambda v: v, vstate)
 
@@ -258,21 +263,22 @@ class VecEnv:
         """Hand distinct pool worlds to (up to `resets_per_step`) finished envs, in env order.
 
         Only R = resets_per_step rows are gathered and scattered, so a step's memory traffic does
-        not grow with N; the i-th finished env takes the i-th valid slot, so no two envs share one.
+        not grow with N; the i-th finished env takes the i-th slot with uses left, so no two envs
+        share one on a step.
         """
         r, n, k = self.resets_per_step, self.num_envs, self.pool_capacity
         envs = jnp.nonzero(done, size=r, fill_value=n)[0]  # first R finished envs (n = none)
-        slots = jnp.nonzero(vstate.pool_valid, size=r, fill_value=k)[0]  # first R unused worlds
+        slots = jnp.nonzero(vstate.pool_left > 0, size=r, fill_value=k)[0]  # first R worlds with uses left
         pair = (envs < n) & (slots < k)
         envs = jnp.where(pair, envs, n)  # out-of-range indices are dropped by the scatters
         slots_read = jnp.where(pair, slots, 0)
         put = lambda dst, src: dst.at[envs].set(src[slots_read], mode="drop")  # noqa: E731
         state = jax.tree.map(put, vstate.env_state, vstate.pool_state)
         obs = jax.tree.map(put, obs, vstate.pool_obs)
-        valid = vstate.pool_valid.at[jnp.where(pair, slots, k)].set(False, mode="drop")
+        left = vstate.pool_left.at[jnp.where(pair, slots, k)].add(-1, mode="drop")
         slot = jnp.full(n, -1, jnp.int32).at[envs].set(slots.astype(jnp.int32), mode="drop")
         served = jnp.zeros(n, bool).at[envs].set(True, mode="drop")
-        return obs, vstate.replace(env_state=state, pool_valid=valid), slot, served
+        return obs, vstate.replace(env_state=state, pool_left=left), slot, served
 
     def _fallback(self, key, vstate: VecState, obs, pending):
         """Full resets for finished envs the pool could not serve (rare; a real branch)."""
@@ -287,13 +293,16 @@ class VecEnv:
 
 def make_vec_env(env, params, num_envs: int, reset_mode: str = "pool", reset_ratio: int = 16, *,
                  pool_size: int = 0, max_resets_per_step: int = 0, sync_axes: tuple[str, ...] = (),
-                 share_axes: tuple[str, ...] = ()) -> VecEnv:
+                 share_axes: tuple[str, ...] = (), world_uses: int = 1) -> VecEnv:
     """N copies of `env` stepped together; see the module docstring for the reset schemes."""
     if reset_mode not in RESET_MODES:
         raise ConfigError(f"unknown reset_mode '{reset_mode}': use one of {', '.join(RESET_MODES)}.")
+    if world_uses < 1 or (world_uses > 1 and reset_mode != "pool"):
+        raise ConfigError(f"world_uses must be 1, or more with reset_mode 'pool' (got {world_uses} with "
+                          f"'{reset_mode}').")
     if num_envs < 1 or reset_ratio < 1 or pool_size < 0 or max_resets_per_step < 0:
         raise ConfigError("num_envs and reset_ratio must be positive; pool_size and max_resets_per_step >= 0.")
     if not set(share_axes) <= set(sync_axes):
         raise ConfigError(f"share_axes {tuple(share_axes)} must be a subset of sync_axes {tuple(sync_axes)}.")
     return VecEnv(env, params, num_envs, reset_mode, reset_ratio, pool_size, max_resets_per_step, tuple(sync_axes),
-                  tuple(share_axes))
+                  tuple(share_axes), int(world_uses))

@@ -214,6 +214,11 @@ class SkillsConfig:
     # (0: no cap, the base env's time limit): a stuck attempt then costs the cap, not the rest of the
     # episode (skills.env). The composed agent is not capped.
     max_attempt_steps: int = 0
+    # Skill episodes each fresh world starts (the `ppo` section's `world_uses` for the skill slots
+    # only; `reset_mode: pool`): a root skill's episodes end within a few steps, so generating Craftax
+    # worlds is most of its rounds' time, and a world served to several episodes cuts it (envs/vec.py).
+    # The generalist, manager and chain stages, and flat PPO beside them, keep the `ppo` section's.
+    skill_world_uses: int = 1
     # With restarts: once a skill with dependencies passes `success_rate_threshold` (most of its
     # episodes restarted from anchors), its restarts stop and it trains on from fresh worlds only,
     # completing when its rate on the fresh-world episodes its own expert reached passes this
@@ -285,7 +290,7 @@ class SkillsConfig:
         if self.generator == "local_llm" and not self.llm_path:
             raise ConfigError("generator 'local_llm' needs 'llm_path', a local Hugging Face model directory.")
         for name in ("max_parallel_skills", "skill_timesteps", "updates_per_round", "max_experts",
-                     "max_conditions", "min_episodes"):
+                     "max_conditions", "min_episodes", "skill_world_uses"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"'{name}' must be positive, got {getattr(self, name)}.")
         if len(self.manager.kickstart_when) > self.max_conditions:
@@ -348,7 +353,10 @@ class SkillsConfig:
         if self.manager.restart_prob and not self.manager.restart_from and self.target == "all":
             raise ConfigError("'manager.restart_prob' restarts from the run's target, but 'target' is \"all\": name the "
                               "skill to restart from in 'manager.restart_from'.")
-        self.ppo_config()  # validates the ppo section
+        reset_mode = self.ppo_config().reset_mode  # validates the ppo section
+        if self.skill_world_uses > 1 and reset_mode != "pool":
+            raise ConfigError(f"'skill_world_uses: {self.skill_world_uses}' needs 'ppo.reset_mode: pool' (got "
+                              f"'{reset_mode}'): only the pool serves a world more than once.")
         if self.env_params:
             self.make_env()  # unknown fields: ConfigError naming them
 
@@ -358,8 +366,16 @@ class SkillsConfig:
 
         return make(self.env, **self.env_params)
 
+    def skill_ppo_config(self):
+        """The PPOConfig of every skill slot: `ppo_config()` with `skill_world_uses`."""
+        from jaxrl_hier.algorithms.ppo import PPOConfig
+
+        values = {**dataclasses.asdict(self.ppo_config()), "world_uses": self.skill_world_uses}
+        return build_dataclass(PPOConfig, values, source="skills config 'skill_world_uses' with section 'ppo'")
+
     def ppo_config(self):
-        """The PPOConfig of every skill slot: env and seeds set from this config."""
+        """The skills' PPOConfig (env and seeds set from this config), the base of every stage's:
+        `skill_ppo_config`, `chain_ppo_config`, `manager_ppo_config`."""
         from jaxrl_hier.algorithms.ppo import PPOConfig
 
         reserved = {"env", "num_seeds", "total_timesteps", "anneal_lr", "seed"}

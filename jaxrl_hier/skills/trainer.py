@@ -76,7 +76,7 @@ class SkillTrainer:
         self.config = config
         self.env, self.base_params, self.policy = skill_env_and_policy(config, catalog)
         base, base_params = self.env.base, self.base_params
-        ppo_config = config.ppo_config()
+        ppo_config = config.skill_ppo_config()
         self.ppo = make_train(ppo_config, env=self.env, env_params=self.env.default_params, network=self.policy)
         self.slots = config.max_parallel_skills
         self.steps_per_update = ppo_config.num_envs * ppo_config.num_steps

@@ -76,6 +76,9 @@ def write_config(tmp_path: Path, skills: str = SKILLS_YAML) -> Path:
     (SKILLS_YAML, ["fresh_phase=sometimes"], "'fresh_phase' must be 'always' or 'needed'"),
     (SKILLS_YAML, ["fresh_phase=needed"], "'fresh_phase: needed' chooses which skills run the fresh-world phase"),
     (SKILLS_YAML, ["ppo.matmul_dtype=bfloat16"], "'ppo.matmul_dtype: bfloat16' is for PPO's own MLP"),
+    (SKILLS_YAML, ["skill_world_uses=0"], "'skill_world_uses' must be positive, got 0"),
+    (SKILLS_YAML, ["skill_world_uses=4", "ppo.reset_mode=optimistic"],
+     "'skill_world_uses: 4' needs 'ppo.reset_mode: pool' (got 'optimistic')"),
 ])
 def test_bad_input_exits_2_with_one_message(tmp_path, capsys, skills, overrides, message):
     config = write_config(tmp_path, skills)

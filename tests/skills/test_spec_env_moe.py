@@ -507,12 +507,12 @@ def test_pool_refill_tops_up_every_seed_along_share_axes():
     env, params = make("TechTree-v0")
     _, v = make_vec_env(env, params, num_envs=4, reset_ratio=4).reset(jax.random.key(0))  # pool of 2 worlds
     seeds = jax.tree.map(lambda x: jnp.stack([x, x]), v)
-    seeds = seeds.replace(pool_valid=jnp.array([[False, False], [True, False]]))  # seed 0 is short, seed 1 not
+    seeds = seeds.replace(pool_left=jnp.array([[0, 0], [1, 0]]))  # seed 0 is short, seed 1 not
     marked = seeds.replace(pool_state=seeds.pool_state.replace(timestep=jnp.full((2, 2), 7, jnp.int32)))
-    for share, want_valid in [(("seed",), [[True, True], [True, True]]), ((), [[True, True], [True, False]])]:
+    for share, want_left in [(("seed",), [[1, 1], [1, 1]]), ((), [[1, 1], [1, 0]])]:
         vec = make_vec_env(env, params, num_envs=4, reset_ratio=4, sync_axes=("seed",), share_axes=share)
         out = jax.vmap(lambda s: vec._refill_if_short(jax.random.key(1), s, jnp.int32(1)), axis_name="seed")(marked)
-        assert np.asarray(out.pool_valid).tolist() == want_valid
+        assert np.asarray(out.pool_left).tolist() == want_left
         fresh = np.asarray(out.pool_state.timestep) == 0  # fresh worlds start at timestep 0
         assert fresh[0].all() and not fresh[1, 0] and bool(fresh[1, 1]) == bool(share)
     with pytest.raises(Exception, match="subset of sync_axes"):
