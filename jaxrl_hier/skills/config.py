@@ -367,11 +367,9 @@ class SkillsConfig:
         return make(self.env, **self.env_params)
 
     def skill_ppo_config(self):
-        """The PPOConfig of every skill slot: `ppo_config()` with `skill_world_uses`."""
-        from jaxrl_hier.algorithms.ppo import PPOConfig
-
-        values = {**dataclasses.asdict(self.ppo_config()), "world_uses": self.skill_world_uses}
-        return build_dataclass(PPOConfig, values, source="skills config 'skill_world_uses' with section 'ppo'")
+        """The PPOConfig of every skill slot: `ppo_config()` with `skill_world_uses` (checked with the
+        section's `reset_mode` in `validate`)."""
+        return dataclasses.replace(self.ppo_config(), world_uses=self.skill_world_uses)
 
     def ppo_config(self):
         """The skills' PPOConfig (env and seeds set from this config), the base of every stage's:
