@@ -9,9 +9,11 @@ experts, the manager's skills) and start from RUN's trained parameters (`RUN/man
 `RUN/generalist`), so that the manager chooses its skills as often as it did at the end of training.
 Each stage compiles its chunk program (`updates_per_round` PPO updates) on a first call, then
 `--chunks` more chunks are timed. Flat PPO on the base env with the run's `ppo` section runs as many
-chunks in the same process (`skills_speed.flat_round`), the yardstick of both stages. A run without a
-generalist stage (TechTree's) times its manager alone against flat PPO. Writes DIR/manager_speed.json
-and DIR/manager_speed.md.
+chunks in the same process (`skills_speed.flat_round`), the yardstick of both stages. A generalist
+with a teacher (`manager.kickstart`) is timed twice: while the teacher teaches (its expert runs once
+per rollout) and past `kickstart_timesteps`, where its weight is 0 and its expert runs on no row. A
+run without a generalist stage (TechTree's) times its manager alone against flat PPO. Writes
+DIR/manager_speed.json and DIR/manager_speed.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 import jaxrl_hier  # noqa: E402,F401  (sets XLA flags before JAX starts)
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.skills.skills_speed import flat_round, time_rounds  # noqa: E402
 
@@ -39,9 +42,17 @@ from jaxrl_hier.skills.manager import GENERALIST_DIR, MANAGER_DIR, ManagerTraine
 from jaxrl_hier.skills.state import load_state  # noqa: E402
 
 
-def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int) -> dict:
-    """A first (compiling) chunk from `params`, then the median of `chunks` more (`skills_speed.time_rounds`)."""
-    state = {"runner": trainer.ppo.init(jax.random.key(seed), params=params)}
+def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int, untaught: bool = False) -> dict:
+    """A first (compiling) chunk from `params`, then the median of `chunks` more (`skills_speed.time_rounds`).
+    `untaught`: the runner starts where the teacher's weight has fallen to 0."""
+    runner = trainer.ppo.init(jax.random.key(seed), params=params)
+    if untaught:
+        m = trainer.config.manager
+        span = m.kickstart_timesteps or m.generalist_timesteps
+        runner = runner.replace(update=jnp.full_like(runner.update, -(-span // trainer.config.steps_per_update)))
+        runner = jax.device_put(runner, trainer.ppo.shardings(runner))
+        assert trainer.kickstart_weight(runner) == 0.0
+    state = {"runner": runner}
 
     def one() -> None:  # `train` returns the chunk's metrics on the host: the chunk has finished
         state["runner"] = trainer.train(state["runner"])[0]
@@ -57,7 +68,8 @@ def as_stage(t: dict) -> dict:
 
 def markdown(result: dict) -> str:
     info, gen, flat = result["device"], result.get("generalist"), result["flat_ppo"]
-    rows = [(stage, result[stage]) for stage in ("generalist", "manager") if stage in result]
+    labels = {"generalist": "generalist", "generalist_past_teacher": "generalist, teacher's weight 0", "manager": "manager"}
+    rows = [(label, result[stage]) for stage, label in labels.items() if stage in result]
     rows.append(("flat PPO", flat))
 
     def ratio(r: dict, of: dict | None) -> str:
@@ -98,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer = ManagerTrainer(config, agents.env, agents.base_params, agents.library, agents.experts, names,
                                  closed=closed)
         params = load_manager(args.run, trainer.params_like(), dirname)["manager"]
-        result[stage] = time_stage(trainer, params, args.chunks, config.seed)
-        print(f"{stage}: {result[stage]['steps_per_s']:,.0f} env steps/s "
-              f"(first chunk {result[stage]['first_chunk_s']:.1f} s)", flush=True)
+        timed = [(stage, False)] + ([("generalist_past_teacher", True)] if closed and trainer.kickstart else [])
+        for name, untaught in timed:
+            result[name] = time_stage(trainer, params, args.chunks, config.seed, untaught)
+            print(f"{name}: {result[name]['steps_per_s']:,.0f} env steps/s "
+                  f"(first chunk {result[name]['first_chunk_s']:.1f} s)", flush=True)
     result["flat_ppo"] = as_stage(flat_round(config, args.chunks)[0])
     print(f"flat PPO: {result['flat_ppo']['steps_per_s']:,.0f} env steps/s "
           f"(first chunk {result['flat_ppo']['first_chunk_s']:.1f} s)", flush=True)

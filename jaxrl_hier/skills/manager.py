@@ -420,11 +420,14 @@ class ManagerPolicy:
     def loss_inputs(self, extra: dict, obs: dict) -> dict:
         """`obs` with the teacher's logits (`teacher_logits`, [N, A]) where the generalist has a teacher,
         else as it is. PPO calls this once per rollout (`PPO._with_loss_inputs`): the teacher is frozen,
-        so its logits serve every epoch, where the loss would run its expert on every minibatch."""
+        so its logits serve every epoch, where the loss would run its expert on every minibatch. Once
+        the weight is 0 (`kickstart_timesteps` past) the expert runs on no row: the logits are 0, and
+        the loss prices them at 0."""
         if not (self.closed and self.teacher):
             return obs
         expert = self._experts(extra["experts"]["actor"], self._inputs(obs)[0])
-        return {**obs, "teacher_logits": expert(obs["teacher_row"], obs["teaching"])}
+        priced = obs["teaching"] & (extra["kickstart"]["weight"] > 0)
+        return {**obs, "teacher_logits": expert(obs["teacher_row"], priced)}
 
     def _experts(self, bank: Any, x: jax.Array) -> Callable[[jax.Array, jax.Array], jax.Array]:
         """(rows, active) -> logits [N, A]: row i through bank row rows[i] where active[i], else 0."""

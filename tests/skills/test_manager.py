@@ -475,6 +475,9 @@ def test_a_kickstarted_generalist_pays_its_teachers_kl_where_the_target_is_pendi
     uniform = jnp.full(len(acts), -np.log(len(acts)))
     np.testing.assert_allclose(pi.log_prob_and_penalty(action)[1][0],
                                0.5 * (jnp.exp(uniform) * (uniform - student[0])).sum(), rtol=1e-5)
+    # at weight 0 the teacher's expert runs on no row (its logits 0) and the penalty is 0
+    unpriced = trainer.policy.loss_inputs({**extra, "kickstart": {"weight": jnp.float32(0.0)}}, obs)
+    assert not np.asarray(unpriced["teacher_logits"]).any()
     # the weight the chunks train with: 0.5, 0.375, 0.25 (256 env steps, 64 a chunk), then 0.125
     weights = []
     for _ in range(3):
@@ -832,11 +835,14 @@ def test_manager_speed_times_the_generalist_and_the_manager_of_a_finished_run(ge
     out, state, cfg = generalist_reference
     run = tmp_path / "run"
     shutil.copytree(out, run)
-    save_config(cfg, run / "config.yaml")  # as `skills run` writes it
+    # as `skills run` writes it, with a teacher: the generalist is timed while it teaches and past it
+    save_config(dataclasses.replace(cfg, manager=dataclasses.replace(cfg.manager, kickstart=1.0)), run / "config.yaml")
     assert manager_speed.main([str(run), "--out", str(tmp_path / "speed"), "--chunks", "1"]) == 0
     result = json.loads((tmp_path / "speed" / "manager_speed.json").read_text())
     assert result["skills"] == state.manager["skills"]
-    assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0 for s in ("generalist", "manager", "flat_ppo"))
+    assert all(result[s]["steps"] == 64 and result[s]["steps_per_s"] > 0
+               for s in ("generalist", "generalist_past_teacher", "manager", "flat_ppo"))
+    assert "| generalist, teacher's weight 0 |" in (tmp_path / "speed" / "manager_speed.md").read_text()
     assert "| manager |" in (tmp_path / "speed" / "manager_speed.md").read_text()
     assert "| flat PPO |" in (tmp_path / "speed" / "manager_speed.md").read_text()
     # A run without a generalist stage (TechTree's config) times its manager alone.
