@@ -47,9 +47,8 @@ def time_stage(trainer: ManagerTrainer, params: dict, chunks: int, seed: int, un
     `untaught`: the runner starts where the teacher's weight has fallen to 0."""
     runner = trainer.ppo.init(jax.random.key(seed), params=params)
     if untaught:
-        m = trainer.config.manager
-        span = m.kickstart_timesteps or m.generalist_timesteps
-        runner = runner.replace(update=jnp.full_like(runner.update, -(-span // trainer.config.steps_per_update)))
+        past = -(-trainer.kickstart_span // trainer.config.steps_per_update)
+        runner = runner.replace(update=jnp.full_like(runner.update, past))
         runner = jax.device_put(runner, trainer.ppo.shardings(runner))
         assert trainer.kickstart_weight(runner) == 0.0
     state = {"runner": runner}

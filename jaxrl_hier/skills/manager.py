@@ -576,9 +576,15 @@ class ManagerTrainer(PPOStage):
         """The teacher's weight for the runner's next chunk: `manager.kickstart` falling linearly to 0
         over `manager.kickstart_timesteps` env steps (0: the generalist stage's), from the updates the
         runner has done."""
-        m = self.config.manager
         done = int(jax.device_get(runner.update)[0]) * self.config.steps_per_update
-        return self.kickstart * max(0.0, 1.0 - done / (m.kickstart_timesteps or m.generalist_timesteps))
+        return self.kickstart * max(0.0, 1.0 - done / self.kickstart_span)
+
+    @property
+    def kickstart_span(self) -> int:
+        """Env steps over which the teacher's weight falls to 0: `manager.kickstart_timesteps`, or the
+        whole generalist stage."""
+        m = self.config.manager
+        return m.kickstart_timesteps or m.generalist_timesteps
 
     def train(self, runner: Any) -> tuple[Any, dict, float]:
         if self.kickstart:  # set outside the program: a new weight recompiles nothing
